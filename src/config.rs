@@ -1,0 +1,187 @@
+//! The command line. Every flag can also come from `CRR_PROXY_<FLAG>`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::proxy::{Endpoint, Routes};
+
+/// crr-proxy: a transparent CRI proxy for kubelet, and the node agent for
+/// OpenKruise's ContainerRecreateRequest.
+#[derive(Debug, Parser)]
+#[command(name = "crr-proxy", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the CRI proxy socket (and the agent, when enabled).
+    Run(RunArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Unix socket kubelet connects to (its containerRuntimeEndpoint and
+    /// imageServiceEndpoint). Ignored under systemd socket activation.
+    #[arg(long, env = "CRR_PROXY_LISTEN", default_value = "/run/crr-proxy/crr-proxy.sock")]
+    pub listen: PathBuf,
+
+    /// The real container runtime's CRI socket.
+    #[arg(
+        long,
+        env = "CRR_PROXY_RUNTIME_ENDPOINT",
+        default_value = "unix:///run/containerd/containerd.sock"
+    )]
+    pub runtime_endpoint: Endpoint,
+
+    /// Where ImageService calls go [default: the runtime endpoint].
+    #[arg(long, env = "CRR_PROXY_IMAGE_ENDPOINT")]
+    pub image_endpoint: Option<Endpoint>,
+
+    /// ContainerRecreateRequest agent: `off` (proxy only), `kruise` (next to
+    /// OpenKruise's manager) or `standalone` (without OpenKruise).
+    #[arg(long, env = "CRR_PROXY_AGENT", value_enum, default_value_t = AgentMode::Off)]
+    pub agent: AgentMode,
+
+    /// This node's name, as in the Pods' spec.nodeName (agent modes).
+    #[arg(long, env = "CRR_PROXY_NODE_NAME")]
+    pub node_name: Option<String>,
+
+    /// kubeconfig for the agent [default: in-cluster or $KUBECONFIG].
+    #[arg(long, env = "CRR_PROXY_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Address for /metrics, /healthz and /readyz (agent and observability
+    /// builds; not served yet).
+    #[arg(long, env = "CRR_PROXY_METRICS_ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
+
+    /// Log format on stderr. The level comes from CRR_PROXY_LOG (or RUST_LOG),
+    /// e.g. `info` or `crr_proxy=debug`.
+    #[arg(long, env = "CRR_PROXY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AgentMode {
+    Off,
+    Kruise,
+    Standalone,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error(
+        "--agent {0} is not available in this version of crr-proxy; run with --agent off (proxy only)"
+    )]
+    AgentUnavailable(&'static str),
+    #[error(
+        "--metrics-addr is not available in this version of crr-proxy; leave it unset"
+    )]
+    MetricsUnavailable,
+}
+
+/// A validated `run` configuration.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub listen: PathBuf,
+    pub routes: Routes,
+}
+
+// === impl RunArgs ===
+
+impl RunArgs {
+    /// Checks the flags together and turns them into what `run` needs.
+    pub fn validate(&self) -> Result<RunConfig, ConfigError> {
+        match self.agent {
+            AgentMode::Off => {}
+            AgentMode::Kruise => return Err(ConfigError::AgentUnavailable("kruise")),
+            AgentMode::Standalone => return Err(ConfigError::AgentUnavailable("standalone")),
+        }
+        if self.metrics_addr.is_some() {
+            return Err(ConfigError::MetricsUnavailable);
+        }
+        // Sending images to the same socket twice would only cost a second
+        // connection; treat it as "not set".
+        let image = self
+            .image_endpoint
+            .clone()
+            .filter(|image| *image != self.runtime_endpoint);
+        Ok(RunConfig {
+            listen: self.listen.clone(),
+            routes: Routes {
+                runtime: self.runtime_endpoint.clone(),
+                image,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<RunArgs, clap::Error> {
+        let mut argv = vec!["crr-proxy", "run"];
+        argv.extend_from_slice(args);
+        Cli::try_parse_from(argv).map(|cli| match cli.command {
+            Command::Run(run) => run,
+        })
+    }
+
+    #[test]
+    fn defaults_match_the_documented_paths() {
+        let run = parse(&[]).unwrap();
+        assert_eq!(run.listen, PathBuf::from("/run/crr-proxy/crr-proxy.sock"));
+        assert_eq!(
+            run.runtime_endpoint.to_string(),
+            "unix:///run/containerd/containerd.sock"
+        );
+        assert_eq!(run.agent, AgentMode::Off);
+        assert_eq!(run.log_format, LogFormat::Text);
+        let config = run.validate().unwrap();
+        assert!(config.routes.image.is_none());
+    }
+
+    #[test]
+    fn image_endpoint_routes_separately_unless_identical() {
+        let run = parse(&[
+            "--runtime-endpoint",
+            "unix:///a.sock",
+            "--image-endpoint",
+            "unix:///b.sock",
+        ])
+        .unwrap();
+        assert_eq!(
+            run.validate().unwrap().routes.image.unwrap().to_string(),
+            "unix:///b.sock"
+        );
+        let same = parse(&["--runtime-endpoint", "/a.sock", "--image-endpoint", "unix:///a.sock"])
+            .unwrap();
+        assert!(same.validate().unwrap().routes.image.is_none());
+    }
+
+    #[test]
+    fn agent_modes_not_yet_built_fail_clearly() {
+        let run = parse(&["--agent", "kruise"]).unwrap();
+        let err = run.validate().unwrap_err();
+        assert_eq!(err, ConfigError::AgentUnavailable("kruise"));
+        assert!(err.to_string().contains("--agent off"));
+        assert!(parse(&["--agent", "bogus"]).is_err());
+    }
+
+    #[test]
+    fn bad_endpoints_are_rejected_at_parse_time() {
+        let err = parse(&["--runtime-endpoint", "tcp://1.2.3.4:5"]).unwrap_err();
+        assert!(err.to_string().contains("only unix://"), "{err}");
+    }
+}

@@ -1,0 +1,57 @@
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use crr_proxy::config::{Cli, Command};
+use tokio::signal::unix::{SignalKind, signal};
+
+/// Exit status for a configuration the user has to fix (as clap's own).
+const EXIT_USAGE: u8 = 2;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(args) => {
+            crr_proxy::telemetry::init(args.log_format);
+            let config = match args.validate() {
+                Ok(config) => config,
+                Err(error) => {
+                    eprintln!("crr-proxy: {error}");
+                    return ExitCode::from(EXIT_USAGE);
+                }
+            };
+            match serve(config) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(error) => {
+                    eprintln!("crr-proxy: {error:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+fn serve(config: crr_proxy::config::RunConfig) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")?;
+    runtime.block_on(async {
+        let shutdown = shutdown_signal().context("install signal handlers")?;
+        crr_proxy::run(config, shutdown)
+            .await
+            .context("serve the CRI proxy socket")
+    })
+}
+
+/// Resolves on the first SIGTERM or SIGINT.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = int.recv() => tracing::info!("SIGINT received"),
+        }
+    })
+}

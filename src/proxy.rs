@@ -1,0 +1,175 @@
+//! The transparent CRI data path.
+//!
+//! Every gRPC call that arrives on the listening socket is forwarded to the
+//! runtime as raw HTTP/2: the request and response headers, every DATA frame
+//! and the trailers pass through as they are, so methods, services and fields
+//! crr-proxy has never heard of reach the runtime unchanged. Nothing here
+//! decodes protobuf, adds a deadline or limits message sizes.
+
+mod body;
+mod endpoint;
+mod listener;
+mod upstream;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::UnixListener;
+use tracing::{debug, info, warn};
+
+pub use body::ProxyBody;
+pub use endpoint::{Endpoint, EndpointError};
+pub use listener::{ListenError, Listener};
+use upstream::Upstream;
+
+/// Where each call goes.
+#[derive(Clone, Debug)]
+pub struct Routes {
+    /// The runtime service endpoint (containerd's socket).
+    pub runtime: Endpoint,
+    /// ImageService calls go here when set; otherwise to `runtime`.
+    pub image: Option<Endpoint>,
+}
+
+/// The proxy: a listener plus the routes its calls are forwarded along.
+#[derive(Debug)]
+pub struct Proxy {
+    routes: Arc<Routes>,
+    server: hyper::server::conn::http2::Builder<TokioExecutor>,
+    drain_timeout: Duration,
+}
+
+// === impl Proxy ===
+
+impl Proxy {
+    pub fn new(routes: Routes) -> Self {
+        let mut server = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        server
+            // Room for a full 16 MiB message per stream and several streams per
+            // connection, so one slow reader does not stall its neighbours.
+            .initial_stream_window_size(4 << 20)
+            .initial_connection_window_size(32 << 20)
+            // kubelet opens one connection per service and multiplexes on it;
+            // well above its needs, well below what would let one client pin memory.
+            .max_concurrent_streams(1024)
+            // gRPC metadata is headers: allow more than hyper's 16 KiB default
+            // (grpc-go accepts 16 MiB) without letting a client pin much memory.
+            .max_header_list_size(1 << 20);
+        Self {
+            routes: Arc::new(routes),
+            server,
+            drain_timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// How long in-flight calls may run after shutdown is requested.
+    pub fn drain_timeout(mut self, timeout: Duration) -> Self {
+        self.drain_timeout = timeout;
+        self
+    }
+
+    /// Serves `listener` until `shutdown` resolves, then stops accepting, sends
+    /// GOAWAY on every connection and waits (bounded) for in-flight calls.
+    pub async fn serve(&self, listener: UnixListener, shutdown: impl Future<Output = ()>) {
+        let graceful = GracefulShutdown::new();
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => {
+                        let routes = Arc::clone(&self.routes);
+                        let conn = Connection::new(&routes);
+                        let service = service_fn(move |req| {
+                            let conn = Arc::clone(&conn);
+                            async move { Ok::<_, Infallible>(conn.forward(req).await) }
+                        });
+                        let served = graceful.watch(self.server.serve_connection(TokioIo::new(stream), service));
+                        tokio::spawn(async move {
+                            if let Err(error) = served.await {
+                                // A client that speaks something other than HTTP/2, or
+                                // goes away abruptly, only ends its own connection.
+                                debug!(%error, "client connection ended with an error");
+                            }
+                        });
+                    }
+                    Err(error) => {
+                        // EMFILE and friends: back off briefly instead of spinning.
+                        warn!(%error, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+                () = &mut shutdown => break,
+            }
+        }
+        drop(listener);
+        info!("shutting down: draining in-flight calls");
+        if tokio::time::timeout(self.drain_timeout, graceful.shutdown())
+            .await
+            .is_err()
+        {
+            warn!(timeout = ?self.drain_timeout, "in-flight calls did not finish in time");
+        }
+    }
+}
+
+/// The upstream connections of one client connection.
+///
+/// Each client connection gets its own upstream connections, so a client that
+/// misbehaves (stops reading, floods streams) can only exhaust flow-control
+/// windows that nobody else shares.
+struct Connection {
+    runtime: Upstream,
+    image: Option<Upstream>,
+}
+
+// === impl Connection ===
+
+impl Connection {
+    fn new(routes: &Routes) -> Arc<Self> {
+        Arc::new(Self {
+            runtime: Upstream::new(routes.runtime.clone()),
+            image: routes.image.clone().map(Upstream::new),
+        })
+    }
+
+    async fn forward(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+        let upstream = match &self.image {
+            Some(image) if is_image_service(req.uri().path()) => image,
+            _ => &self.runtime,
+        };
+        upstream.forward(req).await
+    }
+}
+
+/// True for `/runtime.<version>.ImageService/<Method>`.
+fn is_image_service(path: &str) -> bool {
+    let Some(rest) = path.strip_prefix("/runtime.") else {
+        return false;
+    };
+    match rest.split_once('/') {
+        Some((service, _method)) => service.ends_with(".ImageService"),
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_service_paths_are_recognised() {
+        assert!(is_image_service("/runtime.v1.ImageService/PullImage"));
+        assert!(is_image_service("/runtime.v1alpha2.ImageService/ListImages"));
+        assert!(!is_image_service("/runtime.v1.RuntimeService/Version"));
+        assert!(!is_image_service("/other.v1.ImageService/PullImage"));
+        assert!(!is_image_service("/runtime.v1.ImageService"));
+        assert!(!is_image_service(""));
+    }
+}

@@ -1,0 +1,104 @@
+//! One lazily (re)connected HTTP/2 connection to the runtime socket.
+
+use std::io;
+
+use hyper::body::Incoming;
+use hyper::client::conn::http2::SendRequest;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::UnixStream;
+use tokio::sync::Mutex;
+use tracing::debug;
+
+use super::{Endpoint, ProxyBody};
+
+#[derive(Debug, thiserror::Error)]
+enum UpstreamError {
+    #[error("connect: {0}")]
+    Connect(#[source] io::Error),
+    #[error("http/2 handshake: {0}")]
+    Handshake(#[source] hyper::Error),
+    #[error("{0}")]
+    Call(#[source] hyper::Error),
+}
+
+pub(super) struct Upstream {
+    endpoint: Endpoint,
+    sender: Mutex<Option<SendRequest<Incoming>>>,
+}
+
+// === impl Upstream ===
+
+impl Upstream {
+    pub(super) fn new(endpoint: Endpoint) -> Self {
+        Self {
+            endpoint,
+            sender: Mutex::new(None),
+        }
+    }
+
+    /// Forwards one call. Failures to reach the runtime become a gRPC
+    /// `UNAVAILABLE` answer naming the endpoint, so the caller can retry.
+    pub(super) async fn forward(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+        match self.send(req).await {
+            Ok(response) => response.map(|body| ProxyBody::upstream(body, self.endpoint.clone())),
+            Err(error) => {
+                debug!(endpoint = %self.endpoint, %error, "runtime unavailable");
+                ProxyBody::unavailable(&self.endpoint, &error)
+            }
+        }
+    }
+
+    async fn send(&self, req: Request<Incoming>) -> Result<Response<Incoming>, UpstreamError> {
+        let mut sender = self.sender(false).await?;
+        match sender.try_send_request(req).await {
+            Ok(response) => Ok(response),
+            Err(mut error) => match error.take_message() {
+                // The connection closed before the request left (for example the
+                // runtime restarted and sent GOAWAY): nothing reached the
+                // runtime, so one more try on a fresh connection is safe.
+                Some(req) => {
+                    let mut sender = self.sender(true).await?;
+                    sender.send_request(req).await.map_err(UpstreamError::Call)
+                }
+                None => Err(UpstreamError::Call(error.into_error())),
+            },
+        }
+    }
+
+    async fn sender(&self, fresh: bool) -> Result<SendRequest<Incoming>, UpstreamError> {
+        let mut slot = self.sender.lock().await;
+        if !fresh {
+            if let Some(sender) = slot.as_ref().filter(|s| !s.is_closed()) {
+                return Ok(sender.clone());
+            }
+        }
+        let sender = self.connect().await?;
+        *slot = Some(sender.clone());
+        Ok(sender)
+    }
+
+    async fn connect(&self) -> Result<SendRequest<Incoming>, UpstreamError> {
+        // A missing socket or one nobody listens on fails here at once
+        // (ENOENT, ECONNREFUSED): no retry loop, the caller gets UNAVAILABLE.
+        let stream = UnixStream::connect(self.endpoint.path())
+            .await
+            .map_err(UpstreamError::Connect)?;
+        let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            .initial_stream_window_size(4 << 20)
+            .initial_connection_window_size(32 << 20)
+            // The runtime is trusted; grpc-go allows up to 16 MiB of metadata.
+            .max_header_list_size(16 << 20)
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(UpstreamError::Handshake)?;
+        let endpoint = self.endpoint.clone();
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                debug!(%endpoint, %error, "runtime connection ended");
+            }
+        });
+        debug!(endpoint = %self.endpoint, "connected to runtime");
+        Ok(sender)
+    }
+}
