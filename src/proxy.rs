@@ -61,7 +61,9 @@ impl Proxy {
             .max_concurrent_streams(1024)
             // gRPC metadata is headers: allow more than hyper's 16 KiB default
             // (grpc-go accepts 16 MiB) without letting a client pin much memory.
-            .max_header_list_size(1 << 20);
+            .max_header_list_size(1 << 20)
+            // The response headers are the runtime's; hyper would add `date`.
+            .auto_date_header(false);
         Self {
             routes: Arc::new(routes),
             server,

@@ -1,0 +1,209 @@
+//! The passthrough against a deterministic in-test upstream: exact bytes,
+//! headers, trailers, streaming, cancellation, routing and outages.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use crr_proxy::cri::v1::VersionRequest;
+use crr_proxy::proxy::Routes;
+use http_body_util::BodyExt;
+use support::raw::{self, Recorded};
+use support::upstream::{self, FakeUpstream};
+use support::ProxyUnderTest;
+
+/// Metadata a caller may send, including binary and tracing headers.
+const METADATA: &[(&str, &str)] = &[
+    ("grpc-timeout", "5S"),
+    ("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+    ("x-custom", "value with spaces"),
+    ("x-custom-bin", "AAECAwQ"),
+    ("user-agent", "grpc-go/1.72.0"),
+];
+
+async fn call(socket: &std::path::Path, path: &str, body: Vec<u8>) -> Recorded {
+    let mut sender = raw::connect(socket).await.unwrap();
+    let response = raw::send(&mut sender, raw::grpc_request(path, METADATA, body)).await.unwrap();
+    raw::record(response).await.unwrap()
+}
+
+#[tokio::test]
+async fn bytes_headers_and_trailers_pass_unchanged_both_ways() {
+    support::init_logging();
+    let upstream = FakeUpstream::start();
+    let proxy = ProxyUnderTest::to(upstream.endpoint());
+    // A request body that is not valid protobuf: the proxy must not care.
+    let request_body = raw::grpc_frame(&[0xde, 0xad, 0xbe, 0xef, 0x00, 0x01]);
+
+    let direct = call(&upstream.socket, upstream::FIXED, request_body.clone()).await;
+    let proxied = call(&proxy.socket, upstream::FIXED, request_body.clone()).await;
+
+    assert_eq!(direct.data, upstream::fixed_body());
+    assert_eq!(direct.trailers.as_ref(), Some(&upstream::fixed_trailers()));
+    assert_eq!(proxied, direct, "the response through the proxy differs from the direct one");
+
+    // What the upstream received: same method, authority, path, metadata and bytes.
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0].body, request_body);
+    assert_eq!(seen[1], seen[0], "the request through the proxy differs from the direct one");
+    for (name, value) in METADATA {
+        assert_eq!(seen[1].headers.get(*name).unwrap(), value, "header {name}");
+    }
+    assert_eq!(seen[1].authority.as_deref(), Some("localhost"));
+}
+
+#[tokio::test]
+async fn server_streaming_arrives_message_by_message_with_trailers() {
+    let upstream = FakeUpstream::start();
+    let proxy = ProxyUnderTest::to(upstream.endpoint());
+    let mut sender = raw::connect(&proxy.socket).await.unwrap();
+    let started = Instant::now();
+    let response = raw::send(&mut sender, raw::grpc_request(upstream::STREAM, &[], vec![]))
+        .await
+        .unwrap();
+    let mut body = response.into_body();
+    let mut messages = Vec::new();
+    let mut trailers = None;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.unwrap();
+        match frame.into_data() {
+            Ok(data) => messages.push((started.elapsed(), data.to_vec())),
+            Err(frame) => trailers = frame.into_trailers().ok(),
+        }
+    }
+    assert_eq!(messages.len(), upstream::TICKS, "one DATA frame per message: {messages:?}");
+    for (i, (at, data)) in messages.iter().enumerate() {
+        assert_eq!(data, &upstream::tick(i));
+        // Each message arrives when it is sent, not buffered until the end.
+        let sent_at = upstream::TICK_GAP * i as u32;
+        assert!(*at >= sent_at, "message {i} at {at:?} before it was sent ({sent_at:?})");
+        assert!(
+            *at < sent_at + upstream::TICK_GAP,
+            "message {i} arrived at {at:?}, held back past the next tick"
+        );
+    }
+    let trailers = trailers.expect("trailers");
+    assert_eq!(trailers.get("grpc-status").unwrap(), "0");
+    assert_eq!(trailers.get("x-ticks").unwrap(), &upstream::TICKS.to_string());
+}
+
+#[tokio::test]
+async fn a_caller_that_cancels_cancels_the_upstream_call() {
+    let upstream = FakeUpstream::start();
+    let proxy = ProxyUnderTest::to(upstream.endpoint());
+    let mut sender = raw::connect(&proxy.socket).await.unwrap();
+    let response = raw::send(&mut sender, raw::grpc_request(upstream::STREAM, &[], vec![]))
+        .await
+        .unwrap();
+    let mut body = response.into_body();
+    let first = body.frame().await.unwrap().unwrap();
+    assert_eq!(first.into_data().unwrap().to_vec(), upstream::tick(0));
+    drop(body); // RST_STREAM(CANCEL) to the proxy
+
+    let deadline = Instant::now() + upstream::TICK_GAP * 3;
+    while upstream.cancelled() == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(upstream.cancelled(), 1, "the upstream stream was not cancelled");
+}
+
+#[tokio::test]
+async fn streams_on_one_connection_do_not_block_each_other() {
+    let upstream = FakeUpstream::start();
+    let proxy = ProxyUnderTest::to(upstream.endpoint());
+    let sender = raw::connect(&proxy.socket).await.unwrap();
+
+    // A long stream is open while 64 unary calls go over the same connection.
+    let mut stream_sender = sender.clone();
+    let stream = tokio::spawn(async move {
+        let response = raw::send(&mut stream_sender, raw::grpc_request(upstream::STREAM, &[], vec![]))
+            .await
+            .unwrap();
+        raw::record(response).await.unwrap();
+        Instant::now()
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let unary: Vec<_> = (0..64)
+        .map(|_| {
+            let mut sender = sender.clone();
+            tokio::spawn(async move {
+                let response = raw::send(&mut sender, raw::grpc_request(upstream::FIXED, &[], vec![]))
+                    .await
+                    .unwrap();
+                let recorded = raw::record(response).await.unwrap();
+                (Instant::now(), recorded)
+            })
+        })
+        .collect();
+    let mut last_unary = None;
+    for call in unary {
+        let (done, recorded) = call.await.unwrap();
+        assert_eq!(recorded.data, upstream::fixed_body());
+        last_unary = Some(last_unary.map_or(done, |t: Instant| t.max(done)));
+    }
+    let stream_done = stream.await.unwrap();
+    assert!(
+        last_unary.unwrap() < stream_done,
+        "unary calls waited for the open stream to finish"
+    );
+}
+
+#[tokio::test]
+async fn image_service_calls_go_to_the_image_endpoint() {
+    let runtime = FakeUpstream::start();
+    let image = FakeUpstream::start();
+    let proxy = ProxyUnderTest::start(Routes {
+        runtime: runtime.endpoint(),
+        image: Some(image.endpoint()),
+    });
+    for path in [
+        "/runtime.v1.ImageService/ListImages",
+        "/runtime.v1.RuntimeService/Version",
+        "/runtime.v1.ImageService/PullImage",
+        "/some.other.Service/Call",
+    ] {
+        call(&proxy.socket, path, vec![]).await;
+    }
+    let paths = |u: &FakeUpstream| u.seen().into_iter().map(|s| s.path).collect::<Vec<_>>();
+    assert_eq!(
+        paths(&image),
+        ["/runtime.v1.ImageService/ListImages", "/runtime.v1.ImageService/PullImage"]
+    );
+    assert_eq!(
+        paths(&runtime),
+        ["/runtime.v1.RuntimeService/Version", "/some.other.Service/Call"]
+    );
+}
+
+#[tokio::test]
+async fn runtime_down_is_unavailable_at_once_and_service_resumes() {
+    let socket = support::temp_socket("absent-runtime");
+    let endpoint = crr_proxy::proxy::Endpoint::from_path(&socket);
+    let proxy = ProxyUnderTest::to(endpoint.clone());
+    let mut client = proxy.client();
+
+    for _ in 0..3 {
+        let started = Instant::now();
+        let status = client.version(VersionRequest::default()).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        assert!(
+            status.message().contains(&endpoint.to_string()),
+            "message does not name the endpoint: {}",
+            status.message()
+        );
+        assert!(started.elapsed() < Duration::from_millis(500), "took {:?}", started.elapsed());
+    }
+
+    // The runtime appears on that path: the same proxy serves it.
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    drop(listener); // a dead socket file: connection refused, still UNAVAILABLE
+    let status = client.version(VersionRequest::default()).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+    std::fs::remove_file(&socket).unwrap();
+
+    let upstream = FakeUpstream::start_at(socket.clone());
+    let recorded = call(&proxy.socket, upstream::FIXED, vec![]).await;
+    assert_eq!(recorded.data, upstream::fixed_body());
+    assert_eq!(upstream.seen().len(), 1);
+}

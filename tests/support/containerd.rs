@@ -1,0 +1,370 @@
+//! A private, real containerd (Debian's `containerd` + `runc`) in a temp dir
+//! with its own socket, for tests. Dropping it removes every container it
+//! ran, stops it, and deletes the directory, also when the test failed.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use crr_proxy::proxy::Endpoint;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use super::images;
+
+const NAMESPACE: &str = "k8s.io";
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub struct Containerd {
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Containerd {
+    /// Starts a containerd with the CRI plugin and imports the test images.
+    pub fn start() -> Result<Self> {
+        for binary in ["containerd", "containerd-shim-runc-v2", "runc", "ctr"] {
+            if !on_path(binary) {
+                bail!("{binary} is not installed: run the test command (scripts/test.sh), which installs containerd and runc");
+            }
+        }
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "crr-ctrd-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(dir.join("cni/net.d"))?;
+        let mut this = Self { dir, child: None };
+        fs::write(this.config_path(), this.config()?)?;
+        this.launch()?;
+        let [busybox, pause] = images::build(&this.dir)?;
+        for image in [busybox, pause] {
+            this.ctr(&[
+                "-n",
+                NAMESPACE,
+                "images",
+                "import",
+                "--snapshotter",
+                &snapshotter(),
+                image.to_str().context("image path")?,
+            ])?;
+        }
+        Ok(this)
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("containerd.sock")
+    }
+
+    pub fn endpoint(&self) -> Endpoint {
+        Endpoint::from_path(self.socket())
+    }
+
+    /// A scratch directory inside this instance's temp dir.
+    pub fn scratch(&self, name: &str) -> PathBuf {
+        let path = self.dir.join("scratch").join(name);
+        let _ = fs::create_dir_all(&path);
+        path
+    }
+
+    /// Stops containerd only (SIGTERM); containers and shims keep running and
+    /// are picked up again by [`Containerd::resume`].
+    pub fn pause(&mut self) -> Result<()> {
+        if let Some(mut child) = self.child.take() {
+            let pid = Pid::from_raw(child.id() as i32);
+            kill(pid, Signal::SIGTERM)?;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while child.try_wait()?.is_none() {
+                if Instant::now() > deadline {
+                    child.kill()?;
+                    child.wait()?;
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts containerd again on the same root, state and socket.
+    pub fn resume(&mut self) -> Result<()> {
+        if self.child.is_none() {
+            self.launch()?;
+        }
+        Ok(())
+    }
+
+    fn launch(&mut self) -> Result<()> {
+        let _ = fs::remove_file(self.socket());
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("containerd.log"))?;
+        let child = Command::new("containerd")
+            .arg("--config")
+            .arg(self.config_path())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("spawn containerd")?;
+        self.child = Some(child);
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Some(status) = child.try_wait()? {
+                    self.child = None;
+                    bail!("containerd exited during start-up ({status}):\n{}", self.log_tail());
+                }
+            }
+            if self.socket().exists() && self.cri_ready() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("containerd not ready after {START_TIMEOUT:?}:\n{}", self.log_tail());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn cri_ready(&self) -> bool {
+        self.ctr(&["plugins", "ls"]).is_ok_and(|out| {
+            out.lines().any(|line| {
+                let cols: Vec<&str> = line.split_whitespace().collect();
+                cols.first() == Some(&"io.containerd.grpc.v1") && cols.get(1) == Some(&"cri") && cols.last() == Some(&"ok")
+            })
+        })
+    }
+
+    pub fn ctr(&self, args: &[&str]) -> Result<String> {
+        let out = Command::new("ctr")
+            .arg("--address")
+            .arg(self.socket())
+            .args(args)
+            .output()
+            .context("run ctr")?;
+        if !out.status.success() {
+            bail!("ctr {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    pub fn log_tail(&self) -> String {
+        let log = fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    fn config_path(&self) -> PathBuf {
+        self.dir.join("config.toml")
+    }
+
+    fn config(&self) -> Result<String> {
+        let dir = self.dir.display();
+        let runc = which("runc")?;
+        let arch = match std::env::consts::ARCH {
+            "x86_64" => "amd64",
+            "aarch64" => "arm64",
+            other => other,
+        };
+        Ok(format!(
+            r#"version = 2
+root = "{dir}/root"
+state = "{dir}/state"
+oom_score = 0
+imports = []
+plugin_dir = ""
+required_plugins = ["io.containerd.grpc.v1.cri"]
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.internal.v1.tracing",
+]
+
+[grpc]
+  address = "{dir}/containerd.sock"
+
+[ttrpc]
+  address = "{dir}/containerd.sock.ttrpc"
+
+[debug]
+  address = ""
+  level = "info"
+
+[metrics]
+  address = ""
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{pause}"
+  disable_tcp_service = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+  disable_apparmor = true
+  disable_hugetlb_controller = true
+  tolerate_missing_hugetlb_controller = true
+  restrict_oom_score_adj = {restrict_oom}
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "{snapshotter}"
+    default_runtime_name = "runc"
+    disable_snapshot_annotations = true
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        BinaryName = "{runc}"
+        Root = "{dir}/state/runc"
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{dir}/cni/net.d"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = ""
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{dir}/root/opt"
+
+[plugins."io.containerd.runtime.v2.task"]
+  platforms = ["linux/{arch}"]
+"#,
+            pause = images::PAUSE_IMAGE,
+            restrict_oom = restrict_oom_score_adj(),
+            snapshotter = snapshotter(),
+            runc = runc.display(),
+        ))
+    }
+
+    /// Kills and deletes every task and container of this instance.
+    fn remove_workloads(&self) {
+        for id in self.ctr(&["-n", NAMESPACE, "tasks", "ls", "-q"]).unwrap_or_default().lines() {
+            let _ = self.ctr(&["-n", NAMESPACE, "tasks", "kill", "-s", "SIGKILL", id]);
+        }
+        for _ in 0..25 {
+            let left = self.ctr(&["-n", NAMESPACE, "tasks", "ls", "-q"]).unwrap_or_default();
+            if left.trim().is_empty() {
+                break;
+            }
+            for id in left.lines() {
+                let _ = self.ctr(&["-n", NAMESPACE, "tasks", "delete", "--force", id]);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        for id in self.ctr(&["-n", NAMESPACE, "containers", "ls", "-q"]).unwrap_or_default().lines() {
+            let _ = self.ctr(&["-n", NAMESPACE, "containers", "delete", id]);
+        }
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        if self.child.is_none() {
+            // Paused by the test: bring it back so it can clean up its containers.
+            let _ = self.launch();
+        }
+        self.remove_workloads();
+        let _ = self.pause();
+        // Whatever containerd could not remove: runc containers, shims that
+        // still serve our socket, and mounts under our directory.
+        let runc_root = self.dir.join("state/runc").join(NAMESPACE);
+        if let Ok(out) = Command::new("runc").arg("--root").arg(&runc_root).args(["list", "-q"]).output() {
+            for id in String::from_utf8_lossy(&out.stdout).lines() {
+                let _ = Command::new("runc").arg("--root").arg(&runc_root).args(["delete", "--force", id]).output();
+            }
+        }
+        kill_shims(&self.socket());
+        unmount_under(&self.dir);
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn kill_shims(socket: &Path) {
+    let needle = format!("-address {} ", socket.display());
+    let Ok(entries) = fs::read_dir("/proc") else { return };
+    for entry in entries.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let cmdline = fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.starts_with("containerd-shim-runc-v2") || cmdline.contains("/containerd-shim-runc-v2 ") {
+            if cmdline.contains(&needle) {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        }
+    }
+}
+
+fn unmount_under(dir: &Path) {
+    let prefix = dir.to_string_lossy().into_owned();
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut points: Vec<&str> = mounts
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .filter(|point| point.starts_with(&prefix))
+        .collect();
+    // Deepest first.
+    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for point in points {
+        let _ = Command::new("umount").args(["-l", point]).output();
+    }
+}
+
+fn on_path(binary: &str) -> bool {
+    which(binary).is_ok()
+}
+
+fn which(binary: &str) -> Result<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(binary))
+        .find(|candidate| candidate.is_file())
+        .with_context(|| format!("{binary} not found on PATH"))
+}
+
+/// CRI gives sandboxes oom_score_adj -998; without CAP_SYS_RESOURCE runc
+/// cannot lower it, so have CRI clamp to containerd's own score instead.
+fn restrict_oom_score_adj() -> bool {
+    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let cap_eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .unwrap_or(0);
+    const CAP_SYS_RESOURCE: u64 = 24;
+    cap_eff & (1 << CAP_SYS_RESOURCE) == 0
+}
+
+/// overlayfs where the kernel can mount it on our temp dir, else native.
+fn snapshotter() -> String {
+    static CHOICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    CHOICE
+        .get_or_init(|| {
+            let probe = std::env::temp_dir().join(format!("crr-overlay-probe-{}", std::process::id()));
+            let dirs = ["lower", "upper", "work", "merged"].map(|d| probe.join(d));
+            for d in &dirs {
+                let _ = fs::create_dir_all(d);
+            }
+            let ok = Command::new("mount")
+                .args(["-t", "overlay", "overlay", "-o"])
+                .arg(format!(
+                    "lowerdir={},upperdir={},workdir={}",
+                    dirs[0].display(),
+                    dirs[1].display(),
+                    dirs[2].display()
+                ))
+                .arg(&dirs[3])
+                .output()
+                .is_ok_and(|o| o.status.success());
+            if ok {
+                let _ = Command::new("umount").arg(&dirs[3]).output();
+            }
+            let _ = fs::remove_dir_all(&probe);
+            if ok { "overlayfs" } else { "native" }.to_owned()
+        })
+        .clone()
+}

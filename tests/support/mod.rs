@@ -1,0 +1,108 @@
+//! Shared test support: a private containerd, the proxy in-process, a raw
+//! HTTP/2 client and a deterministic in-test gRPC upstream.
+#![allow(dead_code)] // each test binary uses a different part
+
+pub mod containerd;
+pub mod images;
+pub mod pods;
+pub mod raw;
+pub mod upstream;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crr_proxy::cri::{self, RuntimeClient};
+use crr_proxy::proxy::{Endpoint, Listener, Proxy, Routes};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// A crr-proxy serving a temp socket in this process.
+pub struct ProxyUnderTest {
+    pub socket: PathBuf,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl ProxyUnderTest {
+    pub fn start(routes: Routes) -> Self {
+        let socket = temp_socket("proxy");
+        let (listener, file) = Listener::bind(&socket).expect("bind proxy socket").into_parts();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let _file = file;
+            Proxy::new(routes)
+                .serve(listener, async {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        Self {
+            socket,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// A proxy in front of one runtime endpoint.
+    pub fn to(runtime: Endpoint) -> Self {
+        Self::start(Routes {
+            runtime,
+            image: None,
+        })
+    }
+
+    pub fn endpoint(&self) -> Endpoint {
+        Endpoint::from_path(&self.socket)
+    }
+
+    pub fn client(&self) -> RuntimeClient {
+        client(&self.endpoint())
+    }
+
+    /// Stops serving and waits for the drain to end.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for ProxyUnderTest {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+pub fn client(endpoint: &Endpoint) -> RuntimeClient {
+    cri::runtime_client(cri::channel(endpoint))
+}
+
+/// A fresh socket path in a fresh temp directory.
+pub fn temp_socket(name: &str) -> PathBuf {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "crr-test-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).expect("create temp dir");
+    dir.join(format!("{name}.sock"))
+}
+
+pub fn remove_socket_dir(socket: &Path) {
+    if let Some(dir) = socket.parent() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// Logs to the test output when `CRR_PROXY_LOG` is set.
+pub fn init_logging() {
+    if std::env::var_os("CRR_PROXY_LOG").is_some() {
+        crr_proxy::telemetry::init(crr_proxy::config::LogFormat::Text);
+    }
+}

@@ -1,0 +1,121 @@
+//! Pods and containers made the way kubelet makes them (host network, the
+//! labels and annotations kubelet writes), for tests on a real containerd.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use crr_proxy::cri::RuntimeClient;
+use crr_proxy::cri::v1::{
+    ContainerConfig, ContainerMetadata, CreateContainerRequest, ImageSpec, LinuxPodSandboxConfig,
+    LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxMetadata,
+    RunPodSandboxRequest, StartContainerRequest,
+};
+
+use super::images::BUSYBOX_IMAGE;
+
+/// A pod sandbox that runs in the node's network namespace (no CNI here).
+pub fn sandbox_config(name: &str, log_dir: &Path) -> PodSandboxConfig {
+    let uid = format!("uid-{name}");
+    let labels = HashMap::from([
+        ("io.kubernetes.pod.name".to_owned(), name.to_owned()),
+        ("io.kubernetes.pod.namespace".to_owned(), "default".to_owned()),
+        ("io.kubernetes.pod.uid".to_owned(), uid.clone()),
+    ]);
+    PodSandboxConfig {
+        metadata: Some(PodSandboxMetadata {
+            name: name.to_owned(),
+            uid,
+            namespace: "default".to_owned(),
+            attempt: 0,
+        }),
+        hostname: name.to_owned(),
+        log_directory: log_dir.display().to_string(),
+        labels,
+        annotations: HashMap::new(),
+        linux: Some(LinuxPodSandboxConfig {
+            cgroup_parent: String::new(),
+            security_context: Some(LinuxSandboxSecurityContext {
+                namespace_options: Some(NamespaceOption {
+                    network: NamespaceMode::Node as i32,
+                    pid: NamespaceMode::Container as i32,
+                    ipc: NamespaceMode::Pod as i32,
+                    target_id: String::new(),
+                }),
+                privileged: false,
+            }),
+        }),
+    }
+}
+
+/// A busybox container with kubelet's four labels and its usual annotations.
+pub fn container_config(pod: &PodSandboxConfig, name: &str, attempt: u32, command: &[&str]) -> ContainerConfig {
+    let meta = pod.metadata.clone().unwrap_or_default();
+    let labels = HashMap::from([
+        ("io.kubernetes.pod.name".to_owned(), meta.name.clone()),
+        ("io.kubernetes.pod.namespace".to_owned(), meta.namespace.clone()),
+        ("io.kubernetes.pod.uid".to_owned(), meta.uid.clone()),
+        ("io.kubernetes.container.name".to_owned(), name.to_owned()),
+    ]);
+    let annotations = HashMap::from([
+        ("io.kubernetes.container.restartCount".to_owned(), attempt.to_string()),
+        ("io.kubernetes.pod.terminationGracePeriod".to_owned(), "30".to_owned()),
+    ]);
+    ContainerConfig {
+        metadata: Some(ContainerMetadata {
+            name: name.to_owned(),
+            attempt,
+        }),
+        image: Some(ImageSpec {
+            image: BUSYBOX_IMAGE.to_owned(),
+            ..Default::default()
+        }),
+        command: command.iter().map(|s| (*s).to_owned()).collect(),
+        labels,
+        annotations,
+        log_path: format!("{name}/{attempt}.log"),
+        ..Default::default()
+    }
+}
+
+/// RunPodSandbox; returns the sandbox ID and its config.
+pub async fn run_pod(client: &mut RuntimeClient, name: &str, log_dir: &Path) -> Result<(String, PodSandboxConfig)> {
+    let config = sandbox_config(name, log_dir);
+    let id = client
+        .run_pod_sandbox(RunPodSandboxRequest {
+            config: Some(config.clone()),
+            runtime_handler: String::new(),
+        })
+        .await
+        .context("RunPodSandbox")?
+        .into_inner()
+        .pod_sandbox_id;
+    Ok((id, config))
+}
+
+/// CreateContainer + StartContainer; returns the container ID.
+pub async fn start_container(
+    client: &mut RuntimeClient,
+    sandbox_id: &str,
+    pod: &PodSandboxConfig,
+    name: &str,
+    command: &[&str],
+) -> Result<String> {
+    let id = client
+        .create_container(CreateContainerRequest {
+            pod_sandbox_id: sandbox_id.to_owned(),
+            config: Some(container_config(pod, name, 0, command)),
+            sandbox_config: Some(pod.clone()),
+        })
+        .await
+        .context("CreateContainer")?
+        .into_inner()
+        .container_id;
+    client
+        .start_container(StartContainerRequest {
+            container_id: id.clone(),
+        })
+        .await
+        .context("StartContainer")?;
+    Ok(id)
+}
