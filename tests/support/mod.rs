@@ -75,6 +75,7 @@ impl Drop for ProxyUnderTest {
         if let Some(task) = self.task.take() {
             task.abort();
         }
+        remove_socket_dir(&self.socket);
     }
 }
 

@@ -29,7 +29,8 @@ pub fn sandbox_config(name: &str, log_dir: &Path) -> PodSandboxConfig {
             namespace: "default".to_owned(),
             attempt: 0,
         }),
-        hostname: name.to_owned(),
+        // Host-network pods share the node's UTS namespace: no hostname of their own.
+        hostname: String::new(),
         log_directory: log_dir.display().to_string(),
         labels,
         annotations: HashMap::new(),
