@@ -26,7 +26,11 @@ pub enum Command {
 pub struct RunArgs {
     /// Unix socket kubelet connects to (its containerRuntimeEndpoint and
     /// imageServiceEndpoint). Ignored under systemd socket activation.
-    #[arg(long, env = "CRR_PROXY_LISTEN", default_value = "/run/crr-proxy/crr-proxy.sock")]
+    #[arg(
+        long,
+        env = "CRR_PROXY_LISTEN",
+        default_value = "/run/crr-proxy/crr-proxy.sock"
+    )]
     pub listen: PathBuf,
 
     /// The real container runtime's CRI socket.
@@ -84,9 +88,7 @@ pub enum ConfigError {
         "--agent {0} is not available in this version of crr-proxy; run with --agent off (proxy only)"
     )]
     AgentUnavailable(&'static str),
-    #[error(
-        "--metrics-addr is not available in this version of crr-proxy; leave it unset"
-    )]
+    #[error("--metrics-addr is not available in this version of crr-proxy; leave it unset")]
     MetricsUnavailable,
 }
 
@@ -165,8 +167,13 @@ mod tests {
             run.validate().unwrap().routes.image.unwrap().to_string(),
             "unix:///b.sock"
         );
-        let same = parse(&["--runtime-endpoint", "/a.sock", "--image-endpoint", "unix:///a.sock"])
-            .unwrap();
+        let same = parse(&[
+            "--runtime-endpoint",
+            "/a.sock",
+            "--image-endpoint",
+            "unix:///a.sock",
+        ])
+        .unwrap();
         assert!(same.validate().unwrap().routes.image.is_none());
     }
 

@@ -5,7 +5,7 @@
 //! - [`proxy`]: the raw HTTP/2 passthrough on a unix socket.
 //! - [`cri`]: crr-proxy's own CRI client, generated from `proto/`.
 //! - [`config`]: the command line.
-//! - [`telemetry`]: logging.
+//! - [`telemetry`]: logging setup.
 
 pub mod config;
 pub mod cri;

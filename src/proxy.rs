@@ -168,7 +168,9 @@ mod tests {
     #[test]
     fn image_service_paths_are_recognised() {
         assert!(is_image_service("/runtime.v1.ImageService/PullImage"));
-        assert!(is_image_service("/runtime.v1alpha2.ImageService/ListImages"));
+        assert!(is_image_service(
+            "/runtime.v1alpha2.ImageService/ListImages"
+        ));
         assert!(!is_image_service("/runtime.v1.RuntimeService/Version"));
         assert!(!is_image_service("/other.v1.ImageService/PullImage"));
         assert!(!is_image_service("/runtime.v1.ImageService"));

@@ -1,5 +1,7 @@
 //! Logging setup.
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
@@ -14,6 +16,8 @@ pub fn init(format: LogFormat) {
         .unwrap_or_else(|| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // Colour only on a terminal: journald and log files get plain text.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     // A second init (tests) keeps the first subscriber; that is fine.
     let _ = match format {

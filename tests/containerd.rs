@@ -1,19 +1,25 @@
 //! The proxy in front of a real, private containerd.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 mod support;
 
 use std::time::{Duration, Instant};
 
 use crr_proxy::cri::RuntimeClient;
-use prost::Message;
 use crr_proxy::cri::v1::{
-    ContainerState, ContainerStatusRequest, ExecSyncRequest, ListContainersRequest, PodSandboxStatusRequest,
-    RemoveContainerRequest, RemovePodSandboxRequest, StopContainerRequest, StopPodSandboxRequest, VersionRequest,
+    ContainerState, ContainerStatusRequest, ExecSyncRequest, ListContainersRequest,
+    PodSandboxStatusRequest, RemoveContainerRequest, RemovePodSandboxRequest, StopContainerRequest,
+    StopPodSandboxRequest, VersionRequest,
 };
+use prost::Message;
 use support::containerd::Containerd;
 use support::{ProxyUnderTest, pods, raw};
 
-async fn exec(client: &mut RuntimeClient, id: &str, cmd: &[&str]) -> crr_proxy::cri::v1::ExecSyncResponse {
+async fn exec(
+    client: &mut RuntimeClient,
+    id: &str,
+    cmd: &[&str],
+) -> crr_proxy::cri::v1::ExecSyncResponse {
     client
         .exec_sync(ExecSyncRequest {
             container_id: id.to_owned(),
@@ -32,7 +38,9 @@ async fn full_pod_lifecycle_through_the_proxy() {
     let proxy = ProxyUnderTest::to(ctrd.endpoint());
     let mut cri = proxy.client();
 
-    let (pod_id, pod) = pods::run_pod(&mut cri, "lifecycle", &ctrd.scratch("logs")).await.unwrap();
+    let (pod_id, pod) = pods::run_pod(&mut cri, "lifecycle", &ctrd.scratch("logs"))
+        .await
+        .unwrap();
     let sandbox = cri
         .pod_sandbox_status(PodSandboxStatusRequest {
             pod_sandbox_id: pod_id.clone(),
@@ -52,7 +60,13 @@ async fn full_pod_lifecycle_through_the_proxy() {
 
     let status = container_status(&mut cri, &id).await;
     assert_eq!(status.state(), ContainerState::ContainerRunning);
-    assert_eq!(status.labels.get("io.kubernetes.container.name").map(String::as_str), Some("app"));
+    assert_eq!(
+        status
+            .labels
+            .get("io.kubernetes.container.name")
+            .map(String::as_str),
+        Some("app")
+    );
 
     cri.stop_container(StopContainerRequest {
         container_id: id.clone(),
@@ -63,9 +77,17 @@ async fn full_pod_lifecycle_through_the_proxy() {
     let status = container_status(&mut cri, &id).await;
     assert_eq!(status.state(), ContainerState::ContainerExited);
     // Killed by SIGTERM (143) or, after the timeout, SIGKILL (137).
-    assert!([137, 143].contains(&status.exit_code), "exit code {}", status.exit_code);
+    assert!(
+        [137, 143].contains(&status.exit_code),
+        "exit code {}",
+        status.exit_code
+    );
 
-    cri.remove_container(RemoveContainerRequest { container_id: id.clone() }).await.unwrap();
+    cri.remove_container(RemoveContainerRequest {
+        container_id: id.clone(),
+    })
+    .await
+    .unwrap();
     let gone = cri
         .container_status(ContainerStatusRequest {
             container_id: id,
@@ -74,11 +96,22 @@ async fn full_pod_lifecycle_through_the_proxy() {
         .await
         .unwrap_err();
     assert_eq!(gone.code(), tonic::Code::NotFound);
-    cri.stop_pod_sandbox(StopPodSandboxRequest { pod_sandbox_id: pod_id.clone() }).await.unwrap();
-    cri.remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: pod_id }).await.unwrap();
+    cri.stop_pod_sandbox(StopPodSandboxRequest {
+        pod_sandbox_id: pod_id.clone(),
+    })
+    .await
+    .unwrap();
+    cri.remove_pod_sandbox(RemovePodSandboxRequest {
+        pod_sandbox_id: pod_id,
+    })
+    .await
+    .unwrap();
 }
 
-async fn container_status(cri: &mut RuntimeClient, id: &str) -> crr_proxy::cri::v1::ContainerStatus {
+async fn container_status(
+    cri: &mut RuntimeClient,
+    id: &str,
+) -> crr_proxy::cri::v1::ContainerStatus {
     cri.container_status(ContainerStatusRequest {
         container_id: id.to_owned(),
         verbose: false,
@@ -97,16 +130,32 @@ async fn answers_through_the_proxy_equal_direct_ones() {
     let mut via = proxy.client();
     let mut direct = support::client(&ctrd.endpoint());
 
-    let (pod_id, pod) = pods::run_pod(&mut direct, "same", &ctrd.scratch("logs")).await.unwrap();
+    let (pod_id, pod) = pods::run_pod(&mut direct, "same", &ctrd.scratch("logs"))
+        .await
+        .unwrap();
     let mut ids = Vec::new();
     for name in ["a", "b", "c"] {
-        ids.push(pods::start_container(&mut direct, &pod_id, &pod, name, &["sleep", "3600"]).await.unwrap());
+        ids.push(
+            pods::start_container(&mut direct, &pod_id, &pod, name, &["sleep", "3600"])
+                .await
+                .unwrap(),
+        );
     }
 
-    let version = direct.version(VersionRequest::default()).await.unwrap().into_inner();
+    let version = direct
+        .version(VersionRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(version.runtime_name, "containerd");
     assert_eq!(version.runtime_api_version, "v1");
-    assert_eq!(via.version(VersionRequest::default()).await.unwrap().into_inner(), version);
+    assert_eq!(
+        via.version(VersionRequest::default())
+            .await
+            .unwrap()
+            .into_inner(),
+        version
+    );
 
     let list = |mut c: RuntimeClient| async move {
         let mut containers = c
@@ -123,7 +172,10 @@ async fn answers_through_the_proxy_equal_direct_ones() {
     assert_eq!(list(via.clone()).await, listed);
 
     for id in &ids {
-        assert_eq!(container_status(&mut via, id).await, container_status(&mut direct, id).await);
+        assert_eq!(
+            container_status(&mut via, id).await,
+            container_status(&mut direct, id).await
+        );
     }
 }
 
@@ -139,12 +191,20 @@ async fn unknown_methods_and_services_get_containerds_own_answer() {
         let mut answers = Vec::new();
         for socket in [ctrd.socket(), proxy.socket.clone()] {
             let mut sender = raw::connect(&socket).await.unwrap();
-            let response = raw::send(&mut sender, raw::grpc_request(path, &[], raw::grpc_frame(b"")))
-                .await
-                .unwrap();
+            let response = raw::send(
+                &mut sender,
+                raw::grpc_request(path, &[], raw::grpc_frame(b"")),
+            )
+            .await
+            .unwrap();
             answers.push(raw::record(response).await.unwrap());
         }
-        assert_eq!(raw::grpc_status(&answers[0]).as_deref(), Some("12"), "{path}: {:?}", answers[0]);
+        assert_eq!(
+            raw::grpc_status(&answers[0]).as_deref(),
+            Some("12"),
+            "{path}: {:?}",
+            answers[0]
+        );
         assert_eq!(answers[1], answers[0], "{path}");
     }
 }
@@ -154,11 +214,20 @@ async fn large_responses_pass_and_caller_deadlines_propagate() {
     let ctrd = Containerd::start().unwrap();
     let proxy = ProxyUnderTest::to(ctrd.endpoint());
     let mut cri = proxy.client();
-    let (pod_id, pod) = pods::run_pod(&mut cri, "big", &ctrd.scratch("logs")).await.unwrap();
-    let id = pods::start_container(&mut cri, &pod_id, &pod, "app", &["sleep", "3600"]).await.unwrap();
+    let (pod_id, pod) = pods::run_pod(&mut cri, "big", &ctrd.scratch("logs"))
+        .await
+        .unwrap();
+    let id = pods::start_container(&mut cri, &pod_id, &pod, "app", &["sleep", "3600"])
+        .await
+        .unwrap();
 
     const TWELVE_MIB: usize = 12 << 20;
-    let out = exec(&mut cri, &id, &["head", "-c", &TWELVE_MIB.to_string(), "/dev/zero"]).await;
+    let out = exec(
+        &mut cri,
+        &id,
+        &["head", "-c", &TWELVE_MIB.to_string(), "/dev/zero"],
+    )
+    .await;
     assert_eq!(out.exit_code, 0);
     assert_eq!(out.stdout.len(), TWELVE_MIB);
 
@@ -184,11 +253,28 @@ async fn large_responses_pass_and_caller_deadlines_propagate() {
     let answer = raw::record(response).await.unwrap();
     let took = started.elapsed();
     // containerd 1.6 reports the expired context as UNKNOWN when killing the exec.
-    let message = answer.headers.get("grpc-message").and_then(|m| m.to_str().ok()).unwrap_or("");
-    assert_ne!(raw::grpc_status(&answer).as_deref(), Some("0"), "{answer:?}");
-    assert!(message.contains("deadline exceeded"), "not ended by the deadline: {answer:?}");
-    assert!(took >= Duration::from_millis(900), "ended before the deadline: {took:?}");
-    assert!(took < Duration::from_secs(2), "deadline not honoured: {took:?}");
+    let message = answer
+        .headers
+        .get("grpc-message")
+        .and_then(|m| m.to_str().ok())
+        .unwrap_or("");
+    assert_ne!(
+        raw::grpc_status(&answer).as_deref(),
+        Some("0"),
+        "{answer:?}"
+    );
+    assert!(
+        message.contains("deadline exceeded"),
+        "not ended by the deadline: {answer:?}"
+    );
+    assert!(
+        took >= Duration::from_millis(900),
+        "ended before the deadline: {took:?}"
+    );
+    assert!(
+        took < Duration::from_secs(2),
+        "deadline not honoured: {took:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -202,10 +288,22 @@ async fn containerd_down_is_unavailable_then_the_same_proxy_recovers() {
     let started = Instant::now();
     let status = cri.version(VersionRequest::default()).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
-    assert!(status.message().contains(&ctrd.endpoint().to_string()), "{}", status.message());
-    assert!(started.elapsed() < Duration::from_secs(1), "took {:?}", started.elapsed());
+    assert!(
+        status.message().contains(&ctrd.endpoint().to_string()),
+        "{}",
+        status.message()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        started.elapsed()
+    );
 
     ctrd.resume().unwrap();
-    let version = cri.version(VersionRequest::default()).await.unwrap().into_inner();
+    let version = cri
+        .version(VersionRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(version.runtime_name, "containerd");
 }

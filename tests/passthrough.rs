@@ -1,5 +1,6 @@
 //! The passthrough against a deterministic in-test upstream: exact bytes,
 //! headers, trailers, streaming, cancellation, routing and outages.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 mod support;
 
@@ -8,14 +9,17 @@ use std::time::{Duration, Instant};
 use crr_proxy::cri::v1::VersionRequest;
 use crr_proxy::proxy::Routes;
 use http_body_util::BodyExt;
+use support::ProxyUnderTest;
 use support::raw::{self, Recorded};
 use support::upstream::{self, FakeUpstream};
-use support::ProxyUnderTest;
 
 /// Metadata a caller may send, including binary and tracing headers.
 const METADATA: &[(&str, &str)] = &[
     ("grpc-timeout", "5S"),
-    ("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+    (
+        "traceparent",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    ),
     ("x-custom", "value with spaces"),
     ("x-custom-bin", "AAECAwQ"),
     ("user-agent", "grpc-go/1.72.0"),
@@ -23,7 +27,9 @@ const METADATA: &[(&str, &str)] = &[
 
 async fn call(socket: &std::path::Path, path: &str, body: Vec<u8>) -> Recorded {
     let mut sender = raw::connect(socket).await.unwrap();
-    let response = raw::send(&mut sender, raw::grpc_request(path, METADATA, body)).await.unwrap();
+    let response = raw::send(&mut sender, raw::grpc_request(path, METADATA, body))
+        .await
+        .unwrap();
     raw::record(response).await.unwrap()
 }
 
@@ -40,13 +46,19 @@ async fn bytes_headers_and_trailers_pass_unchanged_both_ways() {
 
     assert_eq!(direct.data, upstream::fixed_body());
     assert_eq!(direct.trailers.as_ref(), Some(&upstream::fixed_trailers()));
-    assert_eq!(proxied, direct, "the response through the proxy differs from the direct one");
+    assert_eq!(
+        proxied, direct,
+        "the response through the proxy differs from the direct one"
+    );
 
     // What the upstream received: same method, authority, path, metadata and bytes.
     let seen = upstream.seen();
     assert_eq!(seen.len(), 2);
     assert_eq!(seen[0].body, request_body);
-    assert_eq!(seen[1], seen[0], "the request through the proxy differs from the direct one");
+    assert_eq!(
+        seen[1], seen[0],
+        "the request through the proxy differs from the direct one"
+    );
     for (name, value) in METADATA {
         assert_eq!(seen[1].headers.get(*name).unwrap(), value, "header {name}");
     }
@@ -59,9 +71,12 @@ async fn server_streaming_arrives_message_by_message_with_trailers() {
     let proxy = ProxyUnderTest::to(upstream.endpoint());
     let mut sender = raw::connect(&proxy.socket).await.unwrap();
     let started = Instant::now();
-    let response = raw::send(&mut sender, raw::grpc_request(upstream::STREAM, &[], vec![]))
-        .await
-        .unwrap();
+    let response = raw::send(
+        &mut sender,
+        raw::grpc_request(upstream::STREAM, &[], vec![]),
+    )
+    .await
+    .unwrap();
     let mut body = response.into_body();
     let mut messages = Vec::new();
     let mut trailers = None;
@@ -72,12 +87,19 @@ async fn server_streaming_arrives_message_by_message_with_trailers() {
             Err(frame) => trailers = frame.into_trailers().ok(),
         }
     }
-    assert_eq!(messages.len(), upstream::TICKS, "one DATA frame per message: {messages:?}");
+    assert_eq!(
+        messages.len(),
+        upstream::TICKS,
+        "one DATA frame per message: {messages:?}"
+    );
     for (i, (at, data)) in messages.iter().enumerate() {
         assert_eq!(data, &upstream::tick(i));
         // Each message arrives when it is sent, not buffered until the end.
         let sent_at = upstream::TICK_GAP * i as u32;
-        assert!(*at >= sent_at, "message {i} at {at:?} before it was sent ({sent_at:?})");
+        assert!(
+            *at >= sent_at,
+            "message {i} at {at:?} before it was sent ({sent_at:?})"
+        );
         assert!(
             *at < sent_at + upstream::TICK_GAP,
             "message {i} arrived at {at:?}, held back past the next tick"
@@ -85,7 +107,10 @@ async fn server_streaming_arrives_message_by_message_with_trailers() {
     }
     let trailers = trailers.expect("trailers");
     assert_eq!(trailers.get("grpc-status").unwrap(), "0");
-    assert_eq!(trailers.get("x-ticks").unwrap(), &upstream::TICKS.to_string());
+    assert_eq!(
+        trailers.get("x-ticks").unwrap(),
+        &upstream::TICKS.to_string()
+    );
 }
 
 #[tokio::test]
@@ -93,9 +118,12 @@ async fn a_caller_that_cancels_cancels_the_upstream_call() {
     let upstream = FakeUpstream::start();
     let proxy = ProxyUnderTest::to(upstream.endpoint());
     let mut sender = raw::connect(&proxy.socket).await.unwrap();
-    let response = raw::send(&mut sender, raw::grpc_request(upstream::STREAM, &[], vec![]))
-        .await
-        .unwrap();
+    let response = raw::send(
+        &mut sender,
+        raw::grpc_request(upstream::STREAM, &[], vec![]),
+    )
+    .await
+    .unwrap();
     let mut body = response.into_body();
     let first = body.frame().await.unwrap().unwrap();
     assert_eq!(first.into_data().unwrap().to_vec(), upstream::tick(0));
@@ -105,7 +133,11 @@ async fn a_caller_that_cancels_cancels_the_upstream_call() {
     while upstream.cancelled() == 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(upstream.cancelled(), 1, "the upstream stream was not cancelled");
+    assert_eq!(
+        upstream.cancelled(),
+        1,
+        "the upstream stream was not cancelled"
+    );
 }
 
 #[tokio::test]
@@ -117,9 +149,12 @@ async fn streams_on_one_connection_do_not_block_each_other() {
     // A long stream is open while 64 unary calls go over the same connection.
     let mut stream_sender = sender.clone();
     let stream = tokio::spawn(async move {
-        let response = raw::send(&mut stream_sender, raw::grpc_request(upstream::STREAM, &[], vec![]))
-            .await
-            .unwrap();
+        let response = raw::send(
+            &mut stream_sender,
+            raw::grpc_request(upstream::STREAM, &[], vec![]),
+        )
+        .await
+        .unwrap();
         raw::record(response).await.unwrap();
         Instant::now()
     });
@@ -128,9 +163,10 @@ async fn streams_on_one_connection_do_not_block_each_other() {
         .map(|_| {
             let mut sender = sender.clone();
             tokio::spawn(async move {
-                let response = raw::send(&mut sender, raw::grpc_request(upstream::FIXED, &[], vec![]))
-                    .await
-                    .unwrap();
+                let response =
+                    raw::send(&mut sender, raw::grpc_request(upstream::FIXED, &[], vec![]))
+                        .await
+                        .unwrap();
                 let recorded = raw::record(response).await.unwrap();
                 (Instant::now(), recorded)
             })
@@ -168,11 +204,17 @@ async fn image_service_calls_go_to_the_image_endpoint() {
     let paths = |u: &FakeUpstream| u.seen().into_iter().map(|s| s.path).collect::<Vec<_>>();
     assert_eq!(
         paths(&image),
-        ["/runtime.v1.ImageService/ListImages", "/runtime.v1.ImageService/PullImage"]
+        [
+            "/runtime.v1.ImageService/ListImages",
+            "/runtime.v1.ImageService/PullImage"
+        ]
     );
     assert_eq!(
         paths(&runtime),
-        ["/runtime.v1.RuntimeService/Version", "/some.other.Service/Call"]
+        [
+            "/runtime.v1.RuntimeService/Version",
+            "/some.other.Service/Call"
+        ]
     );
 }
 
@@ -192,7 +234,11 @@ async fn runtime_down_is_unavailable_at_once_and_service_resumes() {
             "message does not name the endpoint: {}",
             status.message()
         );
-        assert!(started.elapsed() < Duration::from_millis(500), "took {:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_millis(500),
+            "took {:?}",
+            started.elapsed()
+        );
     }
 
     // The runtime appears on that path: the same proxy serves it.

@@ -68,7 +68,9 @@ impl Body for ProxyBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.as_ref().is_none_or(|(body, _)| body.is_end_stream())
+        self.inner
+            .as_ref()
+            .is_none_or(|(body, _)| body.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {

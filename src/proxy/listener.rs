@@ -159,7 +159,8 @@ mod tests {
     use super::*;
 
     fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("crr-proxy-listener-{}-{name}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("crr-proxy-listener-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         dir.join("sub/proxy.sock")
     }
@@ -195,7 +196,10 @@ mod tests {
         let path = scratch("file");
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, b"keep me").unwrap();
-        assert!(matches!(Listener::bind(&path), Err(ListenError::NotASocket { .. })));
+        assert!(matches!(
+            Listener::bind(&path),
+            Err(ListenError::NotASocket { .. })
+        ));
         assert_eq!(std::fs::read(&path).unwrap(), b"keep me");
     }
 }

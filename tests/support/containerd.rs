@@ -28,7 +28,9 @@ impl Containerd {
     pub fn start() -> Result<Self> {
         for binary in ["containerd", "containerd-shim-runc-v2", "runc", "ctr"] {
             if !on_path(binary) {
-                bail!("{binary} is not installed: run the test command (scripts/test.sh), which installs containerd and runc");
+                bail!(
+                    "{binary} is not installed: run the test command (scripts/test.sh), which installs containerd and runc"
+                );
             }
         }
         static NEXT: AtomicUsize = AtomicUsize::new(0);
@@ -119,14 +121,20 @@ impl Containerd {
             if let Some(child) = self.child.as_mut() {
                 if let Some(status) = child.try_wait()? {
                     self.child = None;
-                    bail!("containerd exited during start-up ({status}):\n{}", self.log_tail());
+                    bail!(
+                        "containerd exited during start-up ({status}):\n{}",
+                        self.log_tail()
+                    );
                 }
             }
             if self.socket().exists() && self.cri_ready() {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                bail!("containerd not ready after {START_TIMEOUT:?}:\n{}", self.log_tail());
+                bail!(
+                    "containerd not ready after {START_TIMEOUT:?}:\n{}",
+                    self.log_tail()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -136,7 +144,9 @@ impl Containerd {
         self.ctr(&["plugins", "ls"]).is_ok_and(|out| {
             out.lines().any(|line| {
                 let cols: Vec<&str> = line.split_whitespace().collect();
-                cols.first() == Some(&"io.containerd.grpc.v1") && cols.get(1) == Some(&"cri") && cols.last() == Some(&"ok")
+                cols.first() == Some(&"io.containerd.grpc.v1")
+                    && cols.get(1) == Some(&"cri")
+                    && cols.last() == Some(&"ok")
             })
         })
     }
@@ -243,11 +253,17 @@ disabled_plugins = [
 
     /// Kills and deletes every task and container of this instance.
     fn remove_workloads(&self) {
-        for id in self.ctr(&["-n", NAMESPACE, "tasks", "ls", "-q"]).unwrap_or_default().lines() {
+        for id in self
+            .ctr(&["-n", NAMESPACE, "tasks", "ls", "-q"])
+            .unwrap_or_default()
+            .lines()
+        {
             let _ = self.ctr(&["-n", NAMESPACE, "tasks", "kill", "-s", "SIGKILL", id]);
         }
         for _ in 0..25 {
-            let left = self.ctr(&["-n", NAMESPACE, "tasks", "ls", "-q"]).unwrap_or_default();
+            let left = self
+                .ctr(&["-n", NAMESPACE, "tasks", "ls", "-q"])
+                .unwrap_or_default();
             if left.trim().is_empty() {
                 break;
             }
@@ -256,7 +272,11 @@ disabled_plugins = [
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        for id in self.ctr(&["-n", NAMESPACE, "containers", "ls", "-q"]).unwrap_or_default().lines() {
+        for id in self
+            .ctr(&["-n", NAMESPACE, "containers", "ls", "-q"])
+            .unwrap_or_default()
+            .lines()
+        {
             let _ = self.ctr(&["-n", NAMESPACE, "containers", "delete", id]);
         }
     }
@@ -273,9 +293,18 @@ impl Drop for Containerd {
         // Whatever containerd could not remove: runc containers, shims that
         // still serve our socket, and mounts under our directory.
         let runc_root = self.dir.join("state/runc").join(NAMESPACE);
-        if let Ok(out) = Command::new("runc").arg("--root").arg(&runc_root).args(["list", "-q"]).output() {
+        if let Ok(out) = Command::new("runc")
+            .arg("--root")
+            .arg(&runc_root)
+            .args(["list", "-q"])
+            .output()
+        {
             for id in String::from_utf8_lossy(&out.stdout).lines() {
-                let _ = Command::new("runc").arg("--root").arg(&runc_root).args(["delete", "--force", id]).output();
+                let _ = Command::new("runc")
+                    .arg("--root")
+                    .arg(&runc_root)
+                    .args(["delete", "--force", id])
+                    .output();
             }
         }
         kill_shims(&self.socket());
@@ -286,15 +315,19 @@ impl Drop for Containerd {
 
 fn kill_shims(socket: &Path) {
     let needle = format!("-address {} ", socket.display());
-    let Ok(entries) = fs::read_dir("/proc") else { return };
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return;
+    };
     for entry in entries.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
         let cmdline = fs::read(entry.path().join("cmdline")).unwrap_or_default();
         let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if cmdline.starts_with("containerd-shim-runc-v2") || cmdline.contains("/containerd-shim-runc-v2 ") {
-            if cmdline.contains(&needle) {
-                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-            }
+        let is_shim = cmdline.starts_with("containerd-shim-runc-v2")
+            || cmdline.contains("/containerd-shim-runc-v2 ");
+        if is_shim && cmdline.contains(&needle) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         }
     }
 }
@@ -344,7 +377,8 @@ fn snapshotter() -> String {
     static CHOICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     CHOICE
         .get_or_init(|| {
-            let probe = std::env::temp_dir().join(format!("crr-overlay-probe-{}", std::process::id()));
+            let probe =
+                std::env::temp_dir().join(format!("crr-overlay-probe-{}", std::process::id()));
             let dirs = ["lower", "upper", "work", "merged"].map(|d| probe.join(d));
             for d in &dirs {
                 let _ = fs::create_dir_all(d);

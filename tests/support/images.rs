@@ -32,7 +32,10 @@ pub fn build(dir: &Path) -> Result<[std::path::PathBuf; 2]> {
         &busybox_tar,
         BUSYBOX_IMAGE,
         &layer,
-        &format!(r#"{{"Env":[{}],"Cmd":["sh"],"WorkingDir":"/"}}"#, json_str(PATH_ENV)),
+        &format!(
+            r#"{{"Env":[{}],"Cmd":["sh"],"WorkingDir":"/"}}"#,
+            json_str(PATH_ENV)
+        ),
     )?;
     write_image(
         &pause_tar,
@@ -74,7 +77,14 @@ fn rootfs_layer(busybox: &[u8]) -> Result<Vec<u8>> {
     ] {
         append(&mut tar, dir, tar::EntryType::Directory, mode, b"", None)?;
     }
-    append(&mut tar, "bin/busybox", tar::EntryType::Regular, 0o755, busybox, None)?;
+    append(
+        &mut tar,
+        "bin/busybox",
+        tar::EntryType::Regular,
+        0o755,
+        busybox,
+        None,
+    )?;
     append(
         &mut tar,
         "etc/passwd",
@@ -83,12 +93,26 @@ fn rootfs_layer(busybox: &[u8]) -> Result<Vec<u8>> {
         b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
         None,
     )?;
-    append(&mut tar, "etc/group", tar::EntryType::Regular, 0o644, b"root:x:0:\nnogroup:x:65534:\n", None)?;
+    append(
+        &mut tar,
+        "etc/group",
+        tar::EntryType::Regular,
+        0o644,
+        b"root:x:0:\nnogroup:x:65534:\n",
+        None,
+    )?;
     for applet in applets.lines().map(str::trim).filter(|a| !a.is_empty()) {
         if applet == "bin/busybox" {
             continue;
         }
-        append(&mut tar, applet, tar::EntryType::Symlink, 0o777, b"", Some("/bin/busybox"))?;
+        append(
+            &mut tar,
+            applet,
+            tar::EntryType::Symlink,
+            0o777,
+            b"",
+            Some("/bin/busybox"),
+        )?;
     }
     Ok(tar.into_inner()?)
 }
@@ -143,16 +167,52 @@ fn write_image(out: &Path, name: &str, layer: &[u8], image_config: &str) -> Resu
     );
 
     let mut tar = tar::Builder::new(Vec::new());
-    append(&mut tar, "blobs", tar::EntryType::Directory, 0o755, b"", None)?;
-    append(&mut tar, "blobs/sha256", tar::EntryType::Directory, 0o755, b"", None)?;
+    append(
+        &mut tar,
+        "blobs",
+        tar::EntryType::Directory,
+        0o755,
+        b"",
+        None,
+    )?;
+    append(
+        &mut tar,
+        "blobs/sha256",
+        tar::EntryType::Directory,
+        0o755,
+        b"",
+        None,
+    )?;
     for blob in [layer, config.as_bytes(), manifest.as_bytes()] {
         let hex = digest(blob);
         let hex = hex.trim_start_matches("sha256:");
-        append(&mut tar, &format!("blobs/sha256/{hex}"), tar::EntryType::Regular, 0o644, blob, None)?;
+        append(
+            &mut tar,
+            &format!("blobs/sha256/{hex}"),
+            tar::EntryType::Regular,
+            0o644,
+            blob,
+            None,
+        )?;
     }
-    append(&mut tar, "oci-layout", tar::EntryType::Regular, 0o644, br#"{"imageLayoutVersion":"1.0.0"}"#, None)?;
-    append(&mut tar, "index.json", tar::EntryType::Regular, 0o644, index.as_bytes(), None)?;
-    let mut file = std::fs::File::create(out).with_context(|| format!("create {}", out.display()))?;
+    append(
+        &mut tar,
+        "oci-layout",
+        tar::EntryType::Regular,
+        0o644,
+        br#"{"imageLayoutVersion":"1.0.0"}"#,
+        None,
+    )?;
+    append(
+        &mut tar,
+        "index.json",
+        tar::EntryType::Regular,
+        0o644,
+        index.as_bytes(),
+        None,
+    )?;
+    let mut file =
+        std::fs::File::create(out).with_context(|| format!("create {}", out.display()))?;
     file.write_all(&tar.into_inner()?)?;
     Ok(())
 }

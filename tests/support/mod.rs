@@ -26,7 +26,9 @@ pub struct ProxyUnderTest {
 impl ProxyUnderTest {
     pub fn start(routes: Routes) -> Self {
         let socket = temp_socket("proxy");
-        let (listener, file) = Listener::bind(&socket).expect("bind proxy socket").into_parts();
+        let (listener, file) = Listener::bind(&socket)
+            .expect("bind proxy socket")
+            .into_parts();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             let _file = file;

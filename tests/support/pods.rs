@@ -8,8 +8,8 @@ use anyhow::{Context, Result};
 use crr_proxy::cri::RuntimeClient;
 use crr_proxy::cri::v1::{
     ContainerConfig, ContainerMetadata, CreateContainerRequest, ImageSpec, LinuxPodSandboxConfig,
-    LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxMetadata,
-    RunPodSandboxRequest, StartContainerRequest,
+    LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption, PodSandboxConfig,
+    PodSandboxMetadata, RunPodSandboxRequest, StartContainerRequest,
 };
 
 use super::images::BUSYBOX_IMAGE;
@@ -19,7 +19,10 @@ pub fn sandbox_config(name: &str, log_dir: &Path) -> PodSandboxConfig {
     let uid = format!("uid-{name}");
     let labels = HashMap::from([
         ("io.kubernetes.pod.name".to_owned(), name.to_owned()),
-        ("io.kubernetes.pod.namespace".to_owned(), "default".to_owned()),
+        (
+            "io.kubernetes.pod.namespace".to_owned(),
+            "default".to_owned(),
+        ),
         ("io.kubernetes.pod.uid".to_owned(), uid.clone()),
     ]);
     PodSandboxConfig {
@@ -50,17 +53,31 @@ pub fn sandbox_config(name: &str, log_dir: &Path) -> PodSandboxConfig {
 }
 
 /// A busybox container with kubelet's four labels and its usual annotations.
-pub fn container_config(pod: &PodSandboxConfig, name: &str, attempt: u32, command: &[&str]) -> ContainerConfig {
+pub fn container_config(
+    pod: &PodSandboxConfig,
+    name: &str,
+    attempt: u32,
+    command: &[&str],
+) -> ContainerConfig {
     let meta = pod.metadata.clone().unwrap_or_default();
     let labels = HashMap::from([
         ("io.kubernetes.pod.name".to_owned(), meta.name.clone()),
-        ("io.kubernetes.pod.namespace".to_owned(), meta.namespace.clone()),
+        (
+            "io.kubernetes.pod.namespace".to_owned(),
+            meta.namespace.clone(),
+        ),
         ("io.kubernetes.pod.uid".to_owned(), meta.uid.clone()),
         ("io.kubernetes.container.name".to_owned(), name.to_owned()),
     ]);
     let annotations = HashMap::from([
-        ("io.kubernetes.container.restartCount".to_owned(), attempt.to_string()),
-        ("io.kubernetes.pod.terminationGracePeriod".to_owned(), "30".to_owned()),
+        (
+            "io.kubernetes.container.restartCount".to_owned(),
+            attempt.to_string(),
+        ),
+        (
+            "io.kubernetes.pod.terminationGracePeriod".to_owned(),
+            "30".to_owned(),
+        ),
     ]);
     ContainerConfig {
         metadata: Some(ContainerMetadata {
@@ -80,7 +97,11 @@ pub fn container_config(pod: &PodSandboxConfig, name: &str, attempt: u32, comman
 }
 
 /// RunPodSandbox; returns the sandbox ID and its config.
-pub async fn run_pod(client: &mut RuntimeClient, name: &str, log_dir: &Path) -> Result<(String, PodSandboxConfig)> {
+pub async fn run_pod(
+    client: &mut RuntimeClient,
+    name: &str,
+    log_dir: &Path,
+) -> Result<(String, PodSandboxConfig)> {
     let config = sandbox_config(name, log_dir);
     let id = client
         .run_pod_sandbox(RunPodSandboxRequest {

@@ -39,10 +39,14 @@ pub fn grpc_request(path: &str, headers: &[(&str, &str)], body: Vec<u8>) -> Requ
     for (name, value) in headers {
         req = req.header(*name, *value);
     }
-    req.body(Full::new(Bytes::from(body))).expect("valid request")
+    req.body(Full::new(Bytes::from(body)))
+        .expect("valid request")
 }
 
-pub async fn send(sender: &mut SendRequest<Full<Bytes>>, req: Request<Full<Bytes>>) -> Result<Response<Incoming>> {
+pub async fn send(
+    sender: &mut SendRequest<Full<Bytes>>,
+    req: Request<Full<Bytes>>,
+) -> Result<Response<Incoming>> {
     sender.ready().await?;
     Ok(sender.send_request(req).await?)
 }

@@ -110,8 +110,14 @@ pub fn fixed_body() -> Vec<u8> {
 pub fn fixed_trailers() -> HeaderMap {
     let mut trailers = HeaderMap::new();
     trailers.insert("grpc-status", HeaderValue::from_static("3"));
-    trailers.insert("grpc-message", HeaderValue::from_static("bad%20input%3A%20%F0%9F%90%9B"));
-    trailers.insert("grpc-status-details-bin", HeaderValue::from_static("CAMSBWJhZCBpbnB1dA"));
+    trailers.insert(
+        "grpc-message",
+        HeaderValue::from_static("bad%20input%3A%20%F0%9F%90%9B"),
+    );
+    trailers.insert(
+        "grpc-status-details-bin",
+        HeaderValue::from_static("CAMSBWJhZCBpbnB1dA"),
+    );
     trailers.insert("x-upstream-trailer", HeaderValue::from_static("t1"));
     trailers
 }
@@ -127,7 +133,11 @@ async fn answer(
     cancelled: Arc<AtomicUsize>,
 ) -> Result<Response<Reply>, Infallible> {
     let (parts, body) = req.into_parts();
-    let body = body.collect().await.map(|b| b.to_bytes().to_vec()).unwrap_or_default();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes().to_vec())
+        .unwrap_or_default();
     let path = parts.uri.path().to_owned();
     if let Ok(mut seen) = seen.lock() {
         seen.push(Seen {
@@ -164,7 +174,10 @@ async fn answer(
         _ => {
             let mut trailers = HeaderMap::new();
             trailers.insert("grpc-status", HeaderValue::from_static("12"));
-            trailers.insert("grpc-message", HeaderValue::from_static("unknown method in fake upstream"));
+            trailers.insert(
+                "grpc-message",
+                HeaderValue::from_static("unknown method in fake upstream"),
+            );
             let _ = tx.send(Frame::trailers(trailers)).await;
         }
     }
@@ -191,7 +204,10 @@ impl Body for Reply {
     type Data = Bytes;
     type Error = Infallible;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         match self.0.as_mut() {
             Some(rx) => rx.poll_recv(cx).map(|f| f.map(Ok)),
             None => Poll::Ready(None),
