@@ -1,0 +1,24 @@
+# Installs what crr-proxy's tests and try-out need on Debian, when missing.
+# Sourced by scripts/test.sh and scripts/try.sh.
+
+ensure_root() {
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "$0: must run as root: containerd and runc need it" >&2
+    exit 1
+  fi
+}
+
+# containerd + runc run the containers; busybox-static fills the test images
+# (no registry needed); python3 plays systemd in the socket-activation test.
+ensure_packages() {
+  local missing=()
+  command -v containerd >/dev/null || missing+=(containerd)
+  command -v runc >/dev/null || missing+=(runc)
+  dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || missing+=(busybox-static)
+  command -v python3 >/dev/null || missing+=(python3)
+  if ((${#missing[@]})); then
+    echo "installing ${missing[*]}" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+}
