@@ -32,7 +32,10 @@ fn main() -> ExitCode {
 }
 
 fn serve(config: crr_proxy::config::RunConfig) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    // One thread: a passthrough call is a few microseconds of work, and
+    // handing frames between worker threads (futex wake-ups) cost more
+    // latency than it bought in the latency benchmark (benches/latency.rs).
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("start the async runtime")?;
