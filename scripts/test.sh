@@ -10,4 +10,10 @@ ensure_packages
 
 cargo fmt --check
 cargo clippy --all-targets --locked -- -D warnings
-cargo test --locked
+# Doc tests: none yet. Examples and benches are compiled by clippy above.
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+status=0
+cargo test --locked --lib --bins --tests 2>&1 | tee "$log" || status=$?
+awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
+exit "$status"

@@ -141,7 +141,13 @@ impl Connection {
         })
     }
 
-    async fn forward(&self, req: Request<Incoming>) -> Response<ProxyBody> {
+    async fn forward(&self, mut req: Request<Incoming>) -> Response<ProxyBody> {
+        if req.uri().authority().is_none() {
+            // The client sent no `:authority`. h2 refuses to send an HTTP/2
+            // request without one, but sends an HTTP/1-versioned request with
+            // `:scheme http` and no authority: exactly what arrived.
+            *req.version_mut() = http::Version::HTTP_11;
+        }
         let upstream = match &self.image {
             Some(image) if is_image_service(req.uri().path()) => image,
             _ => &self.runtime,

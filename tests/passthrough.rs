@@ -66,6 +66,27 @@ async fn bytes_headers_and_trailers_pass_unchanged_both_ways() {
 }
 
 #[tokio::test]
+async fn a_request_without_authority_passes_without_authority() {
+    let upstream = FakeUpstream::start();
+    let proxy = ProxyUnderTest::to(upstream.endpoint());
+    for socket in [&upstream.socket, &proxy.socket] {
+        let mut req = raw::grpc_request(upstream::FIXED, &[], vec![]);
+        // A relative URI sent as HTTP/1-versioned makes h2 omit `:authority`.
+        *req.uri_mut() = http::Uri::from_static(upstream::FIXED);
+        *req.version_mut() = http::Version::HTTP_11;
+        let mut sender = raw::connect(socket).await.unwrap();
+        let recorded = raw::record(raw::send(&mut sender, req).await.unwrap())
+            .await
+            .unwrap();
+        assert_eq!(recorded.data, upstream::fixed_body());
+    }
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0].authority, None);
+    assert_eq!(seen[1], seen[0]);
+}
+
+#[tokio::test]
 async fn server_streaming_arrives_message_by_message_with_trailers() {
     let upstream = FakeUpstream::start();
     let proxy = ProxyUnderTest::to(upstream.endpoint());
