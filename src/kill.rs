@@ -19,7 +19,9 @@ pub use hook::{HookKind, HookReport, HookResult};
 pub use target::{Target, keys};
 
 use crate::cri::RuntimeClient;
-use crate::cri::v1::{ContainerState, ContainerStatus, ContainerStatusRequest, StopContainerRequest};
+use crate::cri::v1::{
+    ContainerState, ContainerStatus, ContainerStatusRequest, StopContainerRequest,
+};
 
 /// kubelet's `minimumGracePeriodInSeconds`: a container always gets at least
 /// this long between SIGTERM and SIGKILL.
@@ -153,7 +155,11 @@ impl Killer {
     /// Kills `container_id`. A kill of a container that is already being
     /// killed joins it and returns the same outcome: one hook, one stop.
     /// The kill runs to the end even if the caller stops waiting.
-    pub async fn kill(&self, container_id: &str, request: KillRequest) -> Result<KillOutcome, KillError> {
+    pub async fn kill(
+        &self,
+        container_id: &str,
+        request: KillRequest,
+    ) -> Result<KillOutcome, KillError> {
         let mut result = self.start_or_join(container_id, request);
         match result.wait_for(Option::is_some).await {
             Ok(done) => done
@@ -169,7 +175,10 @@ impl Killer {
             Err(poisoned) => poisoned.into_inner(),
         };
         if let Some(running) = inflight.get(container_id) {
-            debug!(container = container_id, "joining the kill already in progress");
+            debug!(
+                container = container_id,
+                "joining the kill already in progress"
+            );
             return running.clone();
         }
         let (done, result) = watch::channel(None);
@@ -188,12 +197,22 @@ impl Killer {
 
     async fn kill_once(&self, id: &str, request: KillRequest) -> Result<KillOutcome, KillError> {
         let Some(status) = self.status(id).await? else {
-            return Ok(KillOutcome::nothing_to_stop(id, None, &request, StateAfter::Gone));
+            return Ok(KillOutcome::nothing_to_stop(
+                id,
+                None,
+                &request,
+                StateAfter::Gone,
+            ));
         };
         let target = Target::from_status(&status);
         if target.state == ContainerState::ContainerExited {
             let after = state_after(Some(status));
-            return Ok(KillOutcome::nothing_to_stop(id, Some(target), &request, after));
+            return Ok(KillOutcome::nothing_to_stop(
+                id,
+                Some(target),
+                &request,
+                after,
+            ));
         }
         let (grace, grace_source) = grace_period(request.grace_period, &target);
         let message = request
@@ -203,7 +222,9 @@ impl Killer {
         info!(container = id, name = %target.name, pod = %target.pod_display(), grace, "killing container");
 
         let hook = match request.pre_stop.as_ref().or(target.pre_stop.as_ref()) {
-            Some(handler) if grace > 0 => Some(self.pre_stop(handler, &target, &request, grace).await),
+            Some(handler) if grace > 0 => {
+                Some(self.pre_stop(handler, &target, &request, grace).await)
+            }
             _ => None,
         };
         let timeout = stop_timeout(grace, hook.as_ref().map_or(0, |h| h.seconds));
@@ -225,7 +246,12 @@ impl Killer {
             Err(status) => return Err(runtime_error("StopContainer", id, &status)),
         }
         let after = state_after(self.status(id).await?);
-        info!(container = id, ?after, stop_timeout = timeout, "container stopped");
+        info!(
+            container = id,
+            ?after,
+            stop_timeout = timeout,
+            "container stopped"
+        );
         Ok(KillOutcome {
             container_id: id.to_owned(),
             target: Some(target),
@@ -258,15 +284,20 @@ impl Killer {
         let started = Instant::now();
         // kubelet waits for the hook at most the grace period. Dropping the
         // hook here also cancels its ExecSync, which ends the exec process.
-        let (result, http_fallback) = match tokio::time::timeout(grace, hook::run(handler, ctx)).await {
-            Ok((None, fell_back)) => (HookResult::Succeeded, fell_back),
-            Ok((Some(message), fell_back)) => (HookResult::Failed(message), fell_back),
-            Err(_) => (HookResult::TimedOut, false),
-        };
+        let (result, http_fallback) =
+            match tokio::time::timeout(grace, hook::run(handler, ctx)).await {
+                Ok((None, fell_back)) => (HookResult::Succeeded, fell_back),
+                Ok((Some(message), fell_back)) => (HookResult::Failed(message), fell_back),
+                Err(_) => (HookResult::TimedOut, false),
+            };
         let seconds = started.elapsed().as_secs();
         match &result {
-            HookResult::Failed(message) => warn!(container = %target.id, %message, "preStop hook failed"),
-            HookResult::TimedOut => warn!(container = %target.id, ?grace, "preStop hook not finished within the grace period"),
+            HookResult::Failed(message) => {
+                warn!(container = %target.id, %message, "preStop hook failed")
+            }
+            HookResult::TimedOut => {
+                warn!(container = %target.id, ?grace, "preStop hook not finished within the grace period")
+            }
             HookResult::Succeeded => debug!(container = %target.id, seconds, "preStop hook done"),
         }
         HookReport {
@@ -299,11 +330,19 @@ impl Killer {
 // === impl KillOutcome ===
 
 impl KillOutcome {
-    fn nothing_to_stop(id: &str, target: Option<Target>, request: &KillRequest, after: StateAfter) -> Self {
+    fn nothing_to_stop(
+        id: &str,
+        target: Option<Target>,
+        request: &KillRequest,
+        after: StateAfter,
+    ) -> Self {
         let (grace_period, grace_source) = match &target {
             Some(target) => grace_period(request.grace_period, target),
             None => (
-                request.grace_period.unwrap_or(DEFAULT_GRACE_PERIOD).clamp(0, MAX_GRACE_PERIOD),
+                request
+                    .grace_period
+                    .unwrap_or(DEFAULT_GRACE_PERIOD)
+                    .clamp(0, MAX_GRACE_PERIOD),
                 GraceSource::Request,
             ),
         };
@@ -373,17 +412,35 @@ mod tests {
 
     #[test]
     fn grace_period_precedence() {
-        assert_eq!(grace_period(Some(5), &target(Some(7), Some(9))), (5, GraceSource::Request));
-        assert_eq!(grace_period(None, &target(Some(7), Some(9))), (7, GraceSource::DeletionGracePeriod));
-        assert_eq!(grace_period(None, &target(None, Some(9))), (9, GraceSource::TerminationGracePeriod));
-        assert_eq!(grace_period(None, &target(None, None)), (30, GraceSource::Default));
-        assert_eq!(grace_period(Some(0), &target(None, Some(9))), (0, GraceSource::Request));
+        assert_eq!(
+            grace_period(Some(5), &target(Some(7), Some(9))),
+            (5, GraceSource::Request)
+        );
+        assert_eq!(
+            grace_period(None, &target(Some(7), Some(9))),
+            (7, GraceSource::DeletionGracePeriod)
+        );
+        assert_eq!(
+            grace_period(None, &target(None, Some(9))),
+            (9, GraceSource::TerminationGracePeriod)
+        );
+        assert_eq!(
+            grace_period(None, &target(None, None)),
+            (30, GraceSource::Default)
+        );
+        assert_eq!(
+            grace_period(Some(0), &target(None, Some(9))),
+            (0, GraceSource::Request)
+        );
     }
 
     #[test]
     fn grace_period_is_clamped() {
         assert_eq!(grace_period(Some(-4), &target(None, None)).0, 0);
-        assert_eq!(grace_period(Some(i64::MAX), &target(None, None)).0, MAX_GRACE_PERIOD);
+        assert_eq!(
+            grace_period(Some(i64::MAX), &target(None, None)).0,
+            MAX_GRACE_PERIOD
+        );
     }
 
     #[test]

@@ -71,7 +71,10 @@ pub(super) fn kind(handler: &LifecycleHandler) -> HookKind {
 
 /// Runs `handler` to completion (the caller bounds it by the grace period).
 /// Returns the failure message, if any, and whether HTTPS fell back to HTTP.
-pub(super) async fn run(handler: &LifecycleHandler, ctx: HookContext<'_>) -> (Option<String>, bool) {
+pub(super) async fn run(
+    handler: &LifecycleHandler,
+    ctx: HookContext<'_>,
+) -> (Option<String>, bool) {
     if let Some(exec) = &handler.exec {
         let command = exec.command.clone().unwrap_or_default();
         return (run_exec(&command, ctx).await.err(), false);
@@ -97,7 +100,10 @@ pub(super) async fn run(handler: &LifecycleHandler, ctx: HookContext<'_>) -> (Op
         return (None, false);
     }
     (
-        Some(format!("Cannot run handler: invalid handler: {}", describe(handler))),
+        Some(format!(
+            "Cannot run handler: invalid handler: {}",
+            describe(handler)
+        )),
         false,
     )
 }
@@ -141,7 +147,11 @@ async fn run_exec(command: &[String], mut ctx: HookContext<'_>) -> Result<(), St
             ))
         }
         Err(status) => Err(failed(
-            format!("rpc error: code = {:?} desc = {}", status.code(), status.message()),
+            format!(
+                "rpc error: code = {:?} desc = {}",
+                status.code(),
+                status.message()
+            ),
             "",
         )),
     }
@@ -153,7 +163,12 @@ async fn run_http(action: &HTTPGetAction, ctx: &HookContext<'_>) -> Result<bool,
         None => pod_address(ctx).await?.to_string(),
     };
     let port = resolve_port(&action.port, ctx.ports)?;
-    let scheme = match action.scheme.as_deref().map(str::to_ascii_lowercase).as_deref() {
+    let scheme = match action
+        .scheme
+        .as_deref()
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
         None | Some("") | Some("http") => Scheme::Http,
         Some("https") => Scheme::Https,
         Some(other) => return Err(format!("unsupported scheme {other:?}")),
@@ -268,9 +283,18 @@ mod tests {
     fn ports_resolve_by_number_string_and_name() {
         let ports = [port("http", 8080), port("admin", 9000)];
         assert_eq!(resolve_port(&IntOrString::Int(81), &ports), Ok(81));
-        assert_eq!(resolve_port(&IntOrString::String("82".into()), &ports), Ok(82));
-        assert_eq!(resolve_port(&IntOrString::String("admin".into()), &ports), Ok(9000));
-        assert_eq!(resolve_port(&IntOrString::String(String::new()), &ports), Ok(80));
+        assert_eq!(
+            resolve_port(&IntOrString::String("82".into()), &ports),
+            Ok(82)
+        );
+        assert_eq!(
+            resolve_port(&IntOrString::String("admin".into()), &ports),
+            Ok(9000)
+        );
+        assert_eq!(
+            resolve_port(&IntOrString::String(String::new()), &ports),
+            Ok(80)
+        );
         assert!(resolve_port(&IntOrString::String("nope".into()), &ports).is_err());
         assert!(resolve_port(&IntOrString::Int(0), &ports).is_err());
         assert!(resolve_port(&IntOrString::Int(70000), &ports).is_err());
@@ -280,10 +304,16 @@ mod tests {
     #[test]
     fn handler_kinds() {
         let json = |s: &str| serde_json::from_str::<LifecycleHandler>(s).unwrap();
-        assert_eq!(kind(&json(r#"{"exec":{"command":["true"]}}"#)), HookKind::Exec);
+        assert_eq!(
+            kind(&json(r#"{"exec":{"command":["true"]}}"#)),
+            HookKind::Exec
+        );
         assert_eq!(kind(&json(r#"{"httpGet":{"port":80}}"#)), HookKind::HttpGet);
         assert_eq!(kind(&json(r#"{"sleep":{"seconds":1}}"#)), HookKind::Sleep);
-        assert_eq!(kind(&json(r#"{"tcpSocket":{"port":80}}"#)), HookKind::Invalid);
+        assert_eq!(
+            kind(&json(r#"{"tcpSocket":{"port":80}}"#)),
+            HookKind::Invalid
+        );
         assert_eq!(kind(&json("{}")), HookKind::Invalid);
     }
 }

@@ -97,7 +97,12 @@ impl Get {
     }
 
     pub fn url(&self) -> String {
-        format!("{}://{}{}", self.scheme, self.authority(), self.path_and_query())
+        format!(
+            "{}://{}{}",
+            self.scheme,
+            self.authority(),
+            self.path_and_query()
+        )
     }
 }
 
@@ -142,7 +147,9 @@ impl HookClient {
     /// the returned flag says so.
     pub async fn get(&self, get: &Get) -> Result<bool, HttpError> {
         match self.send(get).await {
-            Err(HttpError::Tls { source, .. }) if get.scheme == Scheme::Https && is_plain_http(&source) => {
+            Err(HttpError::Tls { source, .. })
+                if get.scheme == Scheme::Https && is_plain_http(&source) =>
+            {
                 debug!(url = %get.url(), "HTTPS answered in plain HTTP, retrying over HTTP");
                 let mut fallback = get.clone();
                 fallback.scheme = Scheme::Http;
@@ -167,10 +174,11 @@ impl HookClient {
         match get.scheme {
             Scheme::Http => exchange(tcp, get).await,
             Scheme::Https => {
-                let name = ServerName::try_from(get.host.clone()).map_err(|e| HttpError::Invalid {
-                    url: get.url(),
-                    reason: e.to_string(),
-                })?;
+                let name =
+                    ServerName::try_from(get.host.clone()).map_err(|e| HttpError::Invalid {
+                        url: get.url(),
+                        reason: e.to_string(),
+                    })?;
                 let tls = self
                     .tls
                     .connect(name, tcp)
@@ -204,10 +212,12 @@ where
     for (name, value) in &get.headers {
         request = request.header(name.as_str(), value.as_str());
     }
-    let request = request.body(Empty::<Bytes>::new()).map_err(|e| HttpError::Invalid {
-        url: url.clone(),
-        reason: e.to_string(),
-    })?;
+    let request = request
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| HttpError::Invalid {
+            url: url.clone(),
+            reason: e.to_string(),
+        })?;
     let response = sender.send_request(request).await.map_err(request_error)?;
     let mut body = response.into_body();
     let mut read = 0;
@@ -252,7 +262,12 @@ impl ServerCertVerifier for AcceptAnyCertificate {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
     }
 
     fn verify_tls13_signature(
@@ -261,7 +276,12 @@ impl ServerCertVerifier for AcceptAnyCertificate {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
@@ -285,7 +305,10 @@ mod tests {
 
     #[test]
     fn urls_join_host_port_and_path_as_kubelet_does() {
-        assert_eq!(get("10.0.0.7", "quit?now=1").url(), "http://10.0.0.7:8080/quit?now=1");
+        assert_eq!(
+            get("10.0.0.7", "quit?now=1").url(),
+            "http://10.0.0.7:8080/quit?now=1"
+        );
         assert_eq!(get("fd00::7", "/quit").url(), "http://[fd00::7]:8080/quit");
         assert_eq!(get("web", "").url(), "http://web:8080/");
     }
@@ -315,7 +338,10 @@ mod tests {
                 host: "127.0.0.1".into(),
                 port,
                 path: "/hook".into(),
-                headers: vec![("Authorization".into(), "Bearer x".into()), ("X-Hook".into(), "1".into())],
+                headers: vec![
+                    ("Authorization".into(), "Bearer x".into()),
+                    ("X-Hook".into(), "1".into()),
+                ],
             })
             .await
             .unwrap();
@@ -324,7 +350,10 @@ mod tests {
         let plain = &requests[1];
         assert!(plain.starts_with("GET /hook HTTP/1.1\r\n"), "{plain}");
         assert!(plain.to_ascii_lowercase().contains("x-hook: 1"), "{plain}");
-        assert!(!plain.to_ascii_lowercase().contains("authorization"), "{plain}");
+        assert!(
+            !plain.to_ascii_lowercase().contains("authorization"),
+            "{plain}"
+        );
         assert!(plain.contains(USER_AGENT), "{plain}");
     }
 }

@@ -43,7 +43,11 @@ impl Target {
         let label = |key: &str| status.labels.get(key).cloned().unwrap_or_default();
         let annotation = |key: &str| status.annotations.get(key).map(String::as_str);
         let name = match label(keys::CONTAINER_NAME) {
-            name if name.is_empty() => status.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default(),
+            name if name.is_empty() => status
+                .metadata
+                .as_ref()
+                .map(|m| m.name.clone())
+                .unwrap_or_default(),
             name => name,
         };
         let id = status.id.clone();
@@ -116,7 +120,10 @@ mod tests {
                 (keys::POD_UID.into(), "u1".into()),
                 (keys::CONTAINER_NAME.into(), "app".into()),
             ]),
-            annotations: annotations.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect(),
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect(),
             ..Default::default()
         }
     }
@@ -127,8 +134,14 @@ mod tests {
             (keys::RESTART_COUNT, "3"),
             (keys::TERMINATION_GRACE_PERIOD, "45"),
             (keys::DELETION_GRACE_PERIOD, "5"),
-            (keys::PRE_STOP_HANDLER, r#"{"httpGet":{"path":"/quit","port":"http","scheme":"HTTP"}}"#),
-            (keys::PORTS, r#"[{"name":"http","containerPort":8080,"protocol":"TCP"}]"#),
+            (
+                keys::PRE_STOP_HANDLER,
+                r#"{"httpGet":{"path":"/quit","port":"http","scheme":"HTTP"}}"#,
+            ),
+            (
+                keys::PORTS,
+                r#"[{"name":"http","containerPort":8080,"protocol":"TCP"}]"#,
+            ),
         ]));
         assert_eq!(target.name, "app");
         assert_eq!(target.pod_display(), "web-0_shop(u1)");
@@ -157,7 +170,10 @@ mod tests {
 
     #[test]
     fn sleep_handlers_are_kept() {
-        let target = Target::from_status(&status(&[(keys::PRE_STOP_HANDLER, r#"{"sleep":{"seconds":7}}"#)]));
+        let target = Target::from_status(&status(&[(
+            keys::PRE_STOP_HANDLER,
+            r#"{"sleep":{"seconds":7}}"#,
+        )]));
         assert_eq!(target.pre_stop.unwrap().sleep.unwrap().seconds, 7);
     }
 

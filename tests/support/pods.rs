@@ -7,9 +7,10 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use crr_proxy::cri::RuntimeClient;
 use crr_proxy::cri::v1::{
-    ContainerConfig, ContainerMetadata, CreateContainerRequest, ImageSpec, LinuxPodSandboxConfig,
-    LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption, PodSandboxConfig,
-    PodSandboxMetadata, RunPodSandboxRequest, StartContainerRequest,
+    ContainerConfig, ContainerMetadata, CreateContainerRequest, ImageSpec, LinuxContainerConfig,
+    LinuxContainerSecurityContext, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, Mount,
+    NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxMetadata, RunPodSandboxRequest,
+    StartContainerRequest,
 };
 
 use super::images::BUSYBOX_IMAGE;
@@ -123,10 +124,51 @@ pub async fn start_container(
     name: &str,
     command: &[&str],
 ) -> Result<String> {
+    start(
+        client,
+        sandbox_id,
+        pod,
+        container_config(pod, name, 0, command),
+    )
+    .await
+}
+
+/// Gives the container its own PID namespace, so its process is PID 1 and
+/// ignores signals it has no handler for (as in most application images).
+pub fn own_pid_namespace(config: &mut ContainerConfig) {
+    config.linux = Some(LinuxContainerConfig {
+        security_context: Some(LinuxContainerSecurityContext {
+            privileged: false,
+            namespace_options: Some(NamespaceOption {
+                network: NamespaceMode::Node as i32,
+                pid: NamespaceMode::Container as i32,
+                ipc: NamespaceMode::Pod as i32,
+                target_id: String::new(),
+            }),
+        }),
+    });
+}
+
+/// Bind-mounts a host directory into the container.
+pub fn mount(config: &mut ContainerConfig, host: &Path, container: &str) {
+    config.mounts.push(Mount {
+        container_path: container.to_owned(),
+        host_path: host.display().to_string(),
+        readonly: false,
+    });
+}
+
+/// CreateContainer + StartContainer with a prepared config.
+pub async fn start(
+    client: &mut RuntimeClient,
+    sandbox_id: &str,
+    pod: &PodSandboxConfig,
+    config: ContainerConfig,
+) -> Result<String> {
     let id = client
         .create_container(CreateContainerRequest {
             pod_sandbox_id: sandbox_id.to_owned(),
-            config: Some(container_config(pod, name, 0, command)),
+            config: Some(config),
             sandbox_config: Some(pod.clone()),
         })
         .await
