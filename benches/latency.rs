@@ -10,7 +10,6 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -69,9 +68,9 @@ fn main() -> anyhow::Result<()> {
         .spawn()
         .ok()
         .map(Spawned);
-    wait_for(&proxy_socket);
+    support::wait_for_path(&proxy_socket);
     if socat.is_some() {
-        wait_for(&socat_socket);
+        support::wait_for_path(&socat_socket);
     }
 
     let mut targets = vec![
@@ -170,18 +169,6 @@ fn report(method: Method, targets: &[(&str, Endpoint)], samples: &mut [Vec<Durat
         );
     }
     println!();
-}
-
-fn wait_for(path: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !path.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "{} did not appear",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 fn rss_kib(pid: u32) -> Option<u64> {

@@ -4,7 +4,6 @@
 mod support;
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -88,15 +87,7 @@ async fn serves_from_environment_settings_and_exits_cleanly_on_sigterm() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !listen.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "crr-proxy did not create {}",
-            listen.display()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    support::wait_for_path(&listen);
 
     let mut sender = raw::connect(&listen).await.unwrap();
     let response = raw::send(&mut sender, raw::grpc_request(upstream::FIXED, &[], vec![]))
@@ -161,15 +152,7 @@ async fn serves_the_socket_passed_by_systemd() {
         .args(["--runtime-endpoint", &upstream.endpoint().to_string()])
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !activated.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "python did not bind {}",
-            activated.display()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    support::wait_for_path(&activated);
     // The socket exists before crr-proxy runs; connections wait in the backlog.
     let mut sender = raw::connect(&activated).await.unwrap();
     let response = raw::send(&mut sender, raw::grpc_request(upstream::FIXED, &[], vec![]))

@@ -58,7 +58,7 @@ async fn full_pod_lifecycle_through_the_proxy() {
     assert_eq!(out.exit_code, 0);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "hello 42\n");
 
-    let status = container_status(&mut cri, &id).await;
+    let status = pods::container_status(&mut cri, &id).await;
     assert_eq!(status.state(), ContainerState::ContainerRunning);
     assert_eq!(
         status
@@ -74,7 +74,7 @@ async fn full_pod_lifecycle_through_the_proxy() {
     })
     .await
     .unwrap();
-    let status = container_status(&mut cri, &id).await;
+    let status = pods::container_status(&mut cri, &id).await;
     assert_eq!(status.state(), ContainerState::ContainerExited);
     // Killed by SIGTERM (143) or, after the timeout, SIGKILL (137).
     assert!(
@@ -106,21 +106,6 @@ async fn full_pod_lifecycle_through_the_proxy() {
     })
     .await
     .unwrap();
-}
-
-async fn container_status(
-    cri: &mut RuntimeClient,
-    id: &str,
-) -> crr_proxy::cri::v1::ContainerStatus {
-    cri.container_status(ContainerStatusRequest {
-        container_id: id.to_owned(),
-        verbose: false,
-    })
-    .await
-    .unwrap()
-    .into_inner()
-    .status
-    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -173,8 +158,8 @@ async fn answers_through_the_proxy_equal_direct_ones() {
 
     for id in &ids {
         assert_eq!(
-            container_status(&mut via, id).await,
-            container_status(&mut direct, id).await
+            pods::container_status(&mut via, id).await,
+            pods::container_status(&mut direct, id).await
         );
     }
 }

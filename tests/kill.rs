@@ -8,9 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crr_proxy::cri::RuntimeClient;
-use crr_proxy::cri::v1::{
-    ContainerConfig, ContainerState, ContainerStatusRequest, RemoveContainerRequest,
-};
+use crr_proxy::cri::v1::{ContainerConfig, ContainerState, RemoveContainerRequest};
 use crr_proxy::kill::{self, GraceSource, HookKind, HookResult, KillRequest, Killer, StateAfter};
 use k8s_openapi::api::core::v1::LifecycleHandler;
 use support::containerd::Containerd;
@@ -56,17 +54,7 @@ impl Fixture {
     }
 
     async fn state(&mut self, id: &str) -> ContainerState {
-        self.cri
-            .container_status(ContainerStatusRequest {
-                container_id: id.to_owned(),
-                verbose: false,
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .status
-            .unwrap()
-            .state()
+        pods::container_status(&mut self.cri, id).await.state()
     }
 }
 

@@ -103,6 +103,19 @@ pub fn remove_socket_dir(socket: &Path) {
     }
 }
 
+/// Waits (up to 10 s) for `path` to appear, e.g. a socket a server creates.
+pub fn wait_for_path(path: &Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !path.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} did not appear",
+            path.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// Logs to the test output when `CRR_PROXY_LOG` is set.
 pub fn init_logging() {
     if std::env::var_os("CRR_PROXY_LOG").is_some() {

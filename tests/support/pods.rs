@@ -7,10 +7,10 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use crr_proxy::cri::RuntimeClient;
 use crr_proxy::cri::v1::{
-    ContainerConfig, ContainerMetadata, CreateContainerRequest, ImageSpec, LinuxContainerConfig,
-    LinuxContainerSecurityContext, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, Mount,
-    NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxMetadata, RunPodSandboxRequest,
-    StartContainerRequest,
+    ContainerConfig, ContainerMetadata, ContainerStatus, ContainerStatusRequest,
+    CreateContainerRequest, ImageSpec, LinuxContainerConfig, LinuxContainerSecurityContext,
+    LinuxPodSandboxConfig, LinuxSandboxSecurityContext, Mount, NamespaceMode, NamespaceOption,
+    PodSandboxConfig, PodSandboxMetadata, RunPodSandboxRequest, StartContainerRequest,
 };
 
 use super::images::BUSYBOX_IMAGE;
@@ -182,4 +182,18 @@ pub async fn start(
         .await
         .context("StartContainer")?;
     Ok(id)
+}
+
+/// The container's CRI status; panics when the runtime has no such container.
+pub async fn container_status(client: &mut RuntimeClient, id: &str) -> ContainerStatus {
+    client
+        .container_status(ContainerStatusRequest {
+            container_id: id.to_owned(),
+            verbose: false,
+        })
+        .await
+        .expect("ContainerStatus")
+        .into_inner()
+        .status
+        .expect("a status")
 }
