@@ -5,11 +5,13 @@
 //! - [`proxy`]: the raw HTTP/2 passthrough on a unix socket.
 //! - [`cri`]: crr-proxy's own CRI client, generated from `proto/`.
 //! - [`kill`]: stops a container as kubelet does (preStop, then StopContainer).
+//! - [`crr`]: the ContainerRecreateRequest API and the agent's decision rules.
 //! - [`config`]: the command line.
 //! - [`telemetry`]: logging setup.
 
 pub mod config;
 pub mod cri;
+pub mod crr;
 pub mod kill;
 pub mod proxy;
 pub mod telemetry;
