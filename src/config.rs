@@ -20,6 +20,8 @@ pub struct Cli {
 pub enum Command {
     /// Serve the CRI proxy socket (and the agent, when enabled).
     Run(RunArgs),
+    /// Print the ContainerRecreateRequest CRD (apply it with kubectl).
+    Crd,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -137,6 +139,7 @@ mod tests {
         argv.extend_from_slice(args);
         Cli::try_parse_from(argv).map(|cli| match cli.command {
             Command::Run(run) => run,
+            Command::Crd => panic!("parsed `run` as `crd`"),
         })
     }
 

@@ -11,6 +11,16 @@ const EXIT_USAGE: u8 = 2;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Crd => match crr_proxy::crr::crd_manifest() {
+            Ok(manifest) => {
+                print!("{manifest}");
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("crr-proxy: render the CRD: {error}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Run(args) => {
             crr_proxy::telemetry::init(args.log_format);
             let config = match args.validate() {
