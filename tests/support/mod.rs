@@ -2,6 +2,7 @@
 //! HTTP/2 client and a deterministic in-test gRPC upstream.
 #![allow(dead_code)] // each test binary uses a different part
 
+pub mod apiserver;
 pub mod containerd;
 pub mod images;
 pub mod pods;

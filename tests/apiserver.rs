@@ -1,0 +1,231 @@
+//! The fake API server behaves as the real one where the agent depends on
+//! it: checked through the same kube client the agent uses.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+mod support;
+
+use std::time::Duration;
+
+use crr_proxy::crr::{ContainerRecreateRequest, ContainerRecreateRequestStatus, Phase};
+use futures_util::{StreamExt, TryStreamExt};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use serde_json::json;
+use support::apiserver::{FakeApiServer, Resource, Selector};
+
+fn crr(name: &str, labels: serde_json::Value) -> ContainerRecreateRequest {
+    serde_json::from_value(json!({
+        "apiVersion": "apps.kruise.io/v1alpha1",
+        "kind": "ContainerRecreateRequest",
+        "metadata": {"name": name, "namespace": "default", "labels": labels},
+        "spec": {"podName": "web-0", "containers": [{"name": "app"}]},
+        "status": {"phase": "Completed"}
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn create_get_list_with_selectors_and_status_subresource() {
+    let server = FakeApiServer::start().await;
+    let api: Api<ContainerRecreateRequest> = Api::namespaced(server.client(), "default");
+    let created = api
+        .create(&PostParams::default(), &crr("a", json!({"node": "n1"})))
+        .await
+        .unwrap();
+    // Status is not set on create; uid, creationTimestamp and resourceVersion are.
+    assert!(created.status.is_none());
+    assert!(created.metadata.uid.is_some() && created.metadata.creation_timestamp.is_some());
+    api.create(&PostParams::default(), &crr("b", json!({"node": "n2"})))
+        .await
+        .unwrap();
+
+    let listed = api
+        .list(&ListParams::default().labels("node=n1"))
+        .await
+        .unwrap();
+    assert_eq!(listed.items.len(), 1);
+    assert_eq!(listed.items[0].metadata.name.as_deref(), Some("a"));
+    let all: Api<ContainerRecreateRequest> = Api::all(server.client());
+    assert_eq!(
+        all.list(&ListParams::default().labels("node!=n1"))
+            .await
+            .unwrap()
+            .items
+            .len(),
+        1
+    );
+
+    // The status subresource changes status only; the main resource never does.
+    let mut fresh = api.get("a").await.unwrap();
+    fresh.status = Some(ContainerRecreateRequestStatus {
+        phase: Phase::Recreating,
+        ..Default::default()
+    });
+    fresh.spec.pod_name = "ignored".into();
+    let updated = api
+        .replace_status("a", &PostParams::default(), &fresh)
+        .await
+        .unwrap();
+    assert_eq!(updated.status.unwrap().phase, Phase::Recreating);
+    assert_eq!(updated.spec.pod_name, "web-0");
+    let patched = api
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"node": null, "x": "y"}}, "status": {"phase": "Completed"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.status.unwrap().phase, Phase::Recreating);
+    assert_eq!(
+        patched
+            .metadata
+            .labels
+            .unwrap()
+            .get("x")
+            .map(String::as_str),
+        Some("y")
+    );
+}
+
+#[tokio::test]
+async fn a_stale_resource_version_is_a_conflict() {
+    let server = FakeApiServer::start().await;
+    let api: Api<ContainerRecreateRequest> = Api::namespaced(server.client(), "default");
+    let first = api
+        .create(&PostParams::default(), &crr("a", json!({})))
+        .await
+        .unwrap();
+    api.patch_status(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Pending"}})),
+    )
+    .await
+    .unwrap();
+    let mut stale = first.clone();
+    stale.status = Some(ContainerRecreateRequestStatus::default());
+    let error = api
+        .replace_status("a", &PostParams::default(), &stale)
+        .await
+        .unwrap_err();
+    match error {
+        kube::Error::Api(status) => assert_eq!(status.code, 409),
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn watches_resume_see_objects_leave_a_selector_and_relist_after_410() {
+    let server = FakeApiServer::start().await;
+    let api: Api<ContainerRecreateRequest> = Api::all(server.client());
+    let ns: Api<ContainerRecreateRequest> = Api::namespaced(server.client(), "default");
+    ns.create(&PostParams::default(), &crr("a", json!({"active": "true"})))
+        .await
+        .unwrap();
+    let mut events = watcher(api, watcher::Config::default().labels("active=true")).boxed();
+    async fn next(
+        events: &mut futures_util::stream::BoxStream<
+            'static,
+            watcher::Result<watcher::Event<ContainerRecreateRequest>>,
+        >,
+    ) -> watcher::Event<ContainerRecreateRequest> {
+        tokio::time::timeout(Duration::from_secs(5), events.try_next())
+            .await
+            .expect("watch event in time")
+            .unwrap()
+            .unwrap()
+    }
+    assert!(matches!(next(&mut events).await, watcher::Event::Init));
+    match next(&mut events).await {
+        watcher::Event::InitApply(obj) => assert_eq!(obj.metadata.name.as_deref(), Some("a")),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(next(&mut events).await, watcher::Event::InitDone));
+
+    ns.create(&PostParams::default(), &crr("b", json!({"active": "true"})))
+        .await
+        .unwrap();
+    match next(&mut events).await {
+        watcher::Event::Apply(obj) => assert_eq!(obj.metadata.name.as_deref(), Some("b")),
+        other => panic!("{other:?}"),
+    }
+    // Removing the label takes it out of the watch, as a deletion.
+    ns.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"active": null}}})),
+    )
+    .await
+    .unwrap();
+    match next(&mut events).await {
+        watcher::Event::Delete(obj) => assert_eq!(obj.metadata.name.as_deref(), Some("a")),
+        other => panic!("{other:?}"),
+    }
+
+    // Compaction ends the watch; resuming gets 410 Gone and the watcher relists.
+    server.compact();
+    ns.create(&PostParams::default(), &crr("c", json!({"active": "true"})))
+        .await
+        .unwrap();
+    let mut relisted = Vec::new();
+    let mut saw_gone = false;
+    loop {
+        let item = tokio::time::timeout(Duration::from_secs(5), events.next())
+            .await
+            .unwrap()
+            .unwrap();
+        match item {
+            Err(watcher::Error::WatchError(status)) if status.code == 410 => saw_gone = true,
+            Err(other) => panic!("{other:?}"),
+            Ok(watcher::Event::InitApply(obj)) => relisted.push(obj.metadata.name.unwrap()),
+            Ok(watcher::Event::InitDone) => break,
+            Ok(_) => {}
+        }
+    }
+    assert!(saw_gone, "no 410 Gone before the relist");
+    relisted.sort();
+    assert_eq!(relisted, ["b", "c"]);
+}
+
+#[tokio::test]
+async fn finalizers_delay_deletion_and_events_are_stored() {
+    let server = FakeApiServer::start().await;
+    let api: Api<ContainerRecreateRequest> = Api::namespaced(server.client(), "default");
+    let mut obj = crr("a", json!({}));
+    obj.metadata.finalizers = Some(vec!["x/y".into()]);
+    api.create(&PostParams::default(), &obj).await.unwrap();
+    api.delete("a", &Default::default()).await.unwrap();
+    let deleting = api.get("a").await.unwrap();
+    assert!(deleting.metadata.deletion_timestamp.is_some());
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    assert!(api.get_opt("a").await.unwrap().is_none());
+
+    let recorder = kube::runtime::events::Recorder::new(server.client(), "crr-proxy".into());
+    let reference = k8s_openapi::api::core::v1::ObjectReference {
+        kind: Some("Pod".into()),
+        api_version: Some("v1".into()),
+        namespace: Some("default".into()),
+        name: Some("web-0".into()),
+        ..Default::default()
+    };
+    let event = kube::runtime::events::Event {
+        type_: kube::runtime::events::EventType::Normal,
+        reason: "Killing".into(),
+        note: Some("Stopping container app".into()),
+        action: "Killing".into(),
+        secondary: None,
+    };
+    recorder.publish(&event, &reference).await.unwrap();
+    recorder.publish(&event, &reference).await.unwrap();
+    let stored = server.list(Resource::Event, Some("default"), &Selector::default());
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0]["reason"], "Killing");
+    assert_eq!(stored[0]["series"]["count"], 2);
+}

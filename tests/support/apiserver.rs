@@ -1,0 +1,932 @@
+//! A small, faithful fake Kubernetes API server for the agent's tests.
+//!
+//! It keeps objects as JSON and follows the real semantics the agent and the
+//! test roles rely on: resourceVersions, list + watch (resuming from a
+//! resourceVersion, `410 Gone` once compacted, DELETED/ADDED when an object
+//! stops/starts matching a label selector), label and field selectors, the
+//! status subresource, JSON merge patch, `409 Conflict` on a stale
+//! resourceVersion, finalizers, admission hooks (the webhook's place) and
+//! Events. Tests reach it over HTTP through kube, and in-process through
+//! the same operations.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::{broadcast, mpsc, watch};
+
+const HISTORY: usize = 10_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Resource {
+    Crr,
+    Pod,
+    Node,
+    Event,
+    CoreEvent,
+}
+
+impl Resource {
+    fn from_path(group_version: &str, plural: &str) -> Option<Self> {
+        Some(match (group_version, plural) {
+            ("apps.kruise.io/v1alpha1", "containerrecreaterequests") => Resource::Crr,
+            ("v1", "pods") => Resource::Pod,
+            ("v1", "nodes") => Resource::Node,
+            ("v1", "events") => Resource::CoreEvent,
+            ("events.k8s.io/v1", "events") => Resource::Event,
+            _ => return None,
+        })
+    }
+
+    fn api_version(self) -> &'static str {
+        match self {
+            Resource::Crr => "apps.kruise.io/v1alpha1",
+            Resource::Event => "events.k8s.io/v1",
+            Resource::Pod | Resource::Node | Resource::CoreEvent => "v1",
+        }
+    }
+
+    fn kind(self) -> &'static str {
+        match self {
+            Resource::Crr => "ContainerRecreateRequest",
+            Resource::Pod => "Pod",
+            Resource::Node => "Node",
+            Resource::Event | Resource::CoreEvent => "Event",
+        }
+    }
+
+    fn has_status(self) -> bool {
+        matches!(self, Resource::Crr | Resource::Pod | Resource::Node)
+    }
+
+    fn namespaced(self) -> bool {
+        self != Resource::Node
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChangeKind {
+    Added,
+    Modified,
+    Deleted,
+}
+
+/// One committed change, as watchers see it.
+#[derive(Clone, Debug)]
+pub struct Change {
+    pub rv: u64,
+    pub resource: Resource,
+    pub kind: ChangeKind,
+    pub old: Option<Value>,
+    pub new: Value,
+}
+
+/// An API error, answered as a `Status` object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiError {
+    pub code: u16,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            reason,
+            message: message.into(),
+        }
+    }
+
+    fn not_found(resource: Resource, name: &str) -> Self {
+        Self::new(
+            404,
+            "NotFound",
+            format!("{} {name:?} not found", resource.kind()),
+        )
+    }
+
+    fn status(&self) -> Value {
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+               "message": self.message, "reason": self.reason, "code": self.code})
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operation {
+    Create,
+    Update,
+}
+
+/// An admission hook: may change the object, or refuse it. It gets read
+/// access to the store (a webhook GETs the Pod).
+pub type Admission = Arc<
+    dyn Fn(Operation, Resource, &mut Value, Option<&Value>, &Store) -> Result<(), ApiError>
+        + Send
+        + Sync,
+>;
+
+type Key = (Resource, String, String);
+
+/// The objects and their history.
+pub struct Store {
+    rv: u64,
+    objects: BTreeMap<Key, Value>,
+    history: VecDeque<Change>,
+    /// The smallest resourceVersion a watch can still resume after.
+    oldest: u64,
+}
+
+impl Store {
+    pub fn get(&self, resource: Resource, namespace: &str, name: &str) -> Option<&Value> {
+        self.objects
+            .get(&(resource, namespace.to_owned(), name.to_owned()))
+    }
+
+    pub fn list(
+        &self,
+        resource: Resource,
+        namespace: Option<&str>,
+        selector: &Selector,
+    ) -> Vec<Value> {
+        self.objects
+            .iter()
+            .filter(|((r, ns, _), obj)| {
+                *r == resource && namespace.is_none_or(|n| n == ns) && selector.matches(obj)
+            })
+            .map(|(_, obj)| obj.clone())
+            .collect()
+    }
+}
+
+/// Label and field selectors, as in `?labelSelector=` and `?fieldSelector=`.
+#[derive(Clone, Debug, Default)]
+pub struct Selector {
+    labels: Vec<Requirement>,
+    fields: Vec<Requirement>,
+}
+
+#[derive(Clone, Debug)]
+enum Requirement {
+    Equals(String, String),
+    NotEquals(String, String),
+    Exists(String),
+    NotExists(String),
+}
+
+impl Selector {
+    pub fn parse(labels: Option<&str>, fields: Option<&str>) -> Self {
+        Self {
+            labels: labels.map(parse_requirements).unwrap_or_default(),
+            fields: fields.map(parse_requirements).unwrap_or_default(),
+        }
+    }
+
+    pub fn labels(labels: &str) -> Self {
+        Self::parse(Some(labels), None)
+    }
+
+    pub fn matches(&self, obj: &Value) -> bool {
+        let label = |key: &str| {
+            obj.pointer("/metadata/labels")
+                .and_then(|l| l.get(key))
+                .and_then(Value::as_str)
+        };
+        let field = |key: &str| {
+            let pointer = format!("/{}", key.replace('.', "/"));
+            obj.pointer(&pointer)
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        };
+        self.labels
+            .iter()
+            .all(|r| r.matches(|k| label(k).map(str::to_owned)))
+            && self
+                .fields
+                .iter()
+                .all(|r| r.matches(|k| Some(field(k).unwrap_or_default())))
+    }
+}
+
+impl Requirement {
+    fn matches(&self, value: impl Fn(&str) -> Option<String>) -> bool {
+        match self {
+            Requirement::Equals(k, v) => value(k).as_deref() == Some(v.as_str()),
+            Requirement::NotEquals(k, v) => value(k).as_deref() != Some(v.as_str()),
+            Requirement::Exists(k) => value(k).is_some(),
+            Requirement::NotExists(k) => value(k).is_none(),
+        }
+    }
+}
+
+fn parse_requirements(text: &str) -> Vec<Requirement> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|r| !r.is_empty())
+        .map(|r| {
+            if let Some((k, v)) = r.split_once("!=") {
+                Requirement::NotEquals(k.trim().into(), v.trim().into())
+            } else if let Some((k, v)) = r.split_once("==").or_else(|| r.split_once('=')) {
+                Requirement::Equals(k.trim().into(), v.trim().into())
+            } else if let Some(k) = r.strip_prefix('!') {
+                Requirement::NotExists(k.trim().into())
+            } else {
+                Requirement::Exists(r.into())
+            }
+        })
+        .collect()
+}
+
+/// RFC 7386 JSON merge patch.
+pub fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(patch) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    if let Value::Object(target) = target {
+        for (key, value) in patch {
+            if value.is_null() {
+                target.remove(key);
+            } else {
+                merge_patch(target.entry(key.clone()).or_insert(Value::Null), value);
+            }
+        }
+    }
+}
+
+struct Inner {
+    store: Mutex<Store>,
+    changes: broadcast::Sender<Change>,
+    admission: Mutex<Vec<Admission>>,
+    /// Bumped to end every open watch (compaction).
+    reset: watch::Sender<u64>,
+}
+
+/// The fake API server; clones share it.
+#[derive(Clone)]
+pub struct FakeApiServer {
+    pub url: String,
+    inner: Arc<Inner>,
+}
+
+impl FakeApiServer {
+    pub async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind fake API server");
+        let url = format!("http://{}", listener.local_addr().expect("local address"));
+        let inner = Arc::new(Inner {
+            store: Mutex::new(Store {
+                rv: 1,
+                objects: BTreeMap::new(),
+                history: VecDeque::new(),
+                oldest: 1,
+            }),
+            changes: broadcast::channel(HISTORY).0,
+            admission: Mutex::new(Vec::new()),
+            reset: watch::channel(0).0,
+        });
+        let server = Self { url, inner };
+        let handle = server.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let handle = handle.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| {
+                        let handle = handle.clone();
+                        async move { Ok::<_, Infallible>(handle.serve(req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        server
+    }
+
+    /// A kube client for this server.
+    pub fn client(&self) -> kube::Client {
+        let mut config = kube::Config::new(self.url.parse().expect("server URL"));
+        config.default_namespace = "default".into();
+        kube::Client::try_from(config).expect("kube client")
+    }
+
+    pub fn add_admission(&self, hook: Admission) {
+        lock(&self.inner.admission).push(hook);
+    }
+
+    /// Forgets the history and ends every watch: resuming from any earlier
+    /// resourceVersion now answers `410 Gone`, as after etcd compaction.
+    pub fn compact(&self) {
+        let mut store = lock(&self.inner.store);
+        store.history.clear();
+        // etcd revisions are shared by every resource, so others' writes move
+        // them on: after compaction no resourceVersion a client holds is current.
+        store.rv += 1;
+        store.oldest = store.rv + 1;
+        self.inner.reset.send_modify(|n| *n += 1);
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<Change> {
+        self.inner.changes.subscribe()
+    }
+
+    pub fn store(&self) -> MutexGuard<'_, Store> {
+        lock(&self.inner.store)
+    }
+
+    pub fn get(&self, resource: Resource, namespace: &str, name: &str) -> Option<Value> {
+        self.store().get(resource, namespace, name).cloned()
+    }
+
+    pub fn list(
+        &self,
+        resource: Resource,
+        namespace: Option<&str>,
+        selector: &Selector,
+    ) -> Vec<Value> {
+        self.store().list(resource, namespace, selector)
+    }
+
+    pub fn create(
+        &self,
+        resource: Resource,
+        namespace: &str,
+        mut obj: Value,
+    ) -> Result<Value, ApiError> {
+        let hooks = lock(&self.inner.admission).clone();
+        let mut store = lock(&self.inner.store);
+        let name = obj
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        if name.is_empty() {
+            return Err(ApiError::new(
+                422,
+                "Invalid",
+                "metadata.name: Required value",
+            ));
+        }
+        let key = (resource, scope(resource, namespace), name.clone());
+        if store.objects.contains_key(&key) {
+            return Err(ApiError::new(
+                409,
+                "AlreadyExists",
+                format!("{} {name:?} already exists", resource.kind()),
+            ));
+        }
+        for hook in &hooks {
+            hook(Operation::Create, resource, &mut obj, None, &store)?;
+        }
+        obj["apiVersion"] = json!(resource.api_version());
+        obj["kind"] = json!(resource.kind());
+        let meta = &mut obj["metadata"];
+        meta["namespace"] = json!(key.1);
+        if meta.get("uid").is_none() {
+            meta["uid"] = json!(format!("uid-{}-{}", name, store.rv));
+        }
+        meta["creationTimestamp"] = json!(now());
+        meta["generation"] = json!(1);
+        if resource.has_status() && resource != Resource::Node {
+            // Status is set through the status subresource only.
+            if let Some(obj) = obj.as_object_mut() {
+                obj.remove("status");
+            }
+        }
+        Ok(self.commit(&mut store, key, ChangeKind::Added, None, obj))
+    }
+
+    /// PUT: the object, or with `status` only its status.
+    pub fn update(
+        &self,
+        resource: Resource,
+        namespace: &str,
+        name: &str,
+        obj: Value,
+        status: bool,
+    ) -> Result<Value, ApiError> {
+        self.modify(resource, namespace, name, status, |current| {
+            let requested = obj
+                .pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            if requested.is_empty() && resource == Resource::Crr {
+                return Err(ApiError::new(
+                    422,
+                    "Invalid",
+                    "metadata.resourceVersion: must be specified for an update",
+                ));
+            }
+            let mut next = obj.clone();
+            if status {
+                let mut updated = current.clone();
+                updated["status"] = next.get("status").cloned().unwrap_or(Value::Null);
+                next = updated;
+            } else {
+                // The main resource never changes status or immutable metadata.
+                if resource.has_status() {
+                    next["status"] = current.get("status").cloned().unwrap_or(Value::Null);
+                }
+                for field in [
+                    "uid",
+                    "creationTimestamp",
+                    "namespace",
+                    "name",
+                    "deletionTimestamp",
+                ] {
+                    next["metadata"][field] = current["metadata"]
+                        .get(field)
+                        .cloned()
+                        .unwrap_or(Value::Null);
+                }
+            }
+            Ok((next, requested.to_owned()))
+        })
+    }
+
+    /// JSON merge patch of the object, or with `status` of its status.
+    pub fn patch(
+        &self,
+        resource: Resource,
+        namespace: &str,
+        name: &str,
+        patch: &Value,
+        status: bool,
+    ) -> Result<Value, ApiError> {
+        self.modify(resource, namespace, name, status, |current| {
+            let requested = patch
+                .pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            let mut next = current.clone();
+            if status {
+                if let Some(status) = patch.get("status") {
+                    merge_patch(&mut next["status"], status);
+                }
+            } else {
+                let mut patch = patch.clone();
+                if resource.has_status() {
+                    if let Some(p) = patch.as_object_mut() {
+                        p.remove("status");
+                    }
+                }
+                merge_patch(&mut next, &patch);
+            }
+            Ok((next, requested.to_owned()))
+        })
+    }
+
+    fn modify(
+        &self,
+        resource: Resource,
+        namespace: &str,
+        name: &str,
+        status: bool,
+        change: impl FnOnce(&Value) -> Result<(Value, String), ApiError>,
+    ) -> Result<Value, ApiError> {
+        let hooks = lock(&self.inner.admission).clone();
+        let mut store = lock(&self.inner.store);
+        let key = (resource, scope(resource, namespace), name.to_owned());
+        let current = store
+            .objects
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(resource, name))?;
+        let (mut next, requested) = change(&current)?;
+        let current_rv = current["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned();
+        if !requested.is_empty() && requested != current_rv {
+            return Err(ApiError::new(
+                409,
+                "Conflict",
+                format!(
+                    "Operation cannot be fulfilled on {} {name:?}: the object has been modified; please apply your changes to the latest version and try again",
+                    resource.kind()
+                ),
+            ));
+        }
+        next["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"].clone();
+        if next == current {
+            // A no-op write does not bump the resourceVersion.
+            return Ok(current);
+        }
+        if !status {
+            for hook in &hooks {
+                hook(
+                    Operation::Update,
+                    resource,
+                    &mut next,
+                    Some(&current),
+                    &store,
+                )?;
+            }
+        }
+        let finalizers_gone = next
+            .pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .is_none_or(|f| f.is_empty());
+        if next
+            .pointer("/metadata/deletionTimestamp")
+            .is_some_and(|t| !t.is_null())
+            && finalizers_gone
+        {
+            store.objects.remove(&key);
+            return Ok(self.commit_removal(&mut store, key, current, next));
+        }
+        Ok(self.commit(&mut store, key, ChangeKind::Modified, Some(current), next))
+    }
+
+    pub fn delete(
+        &self,
+        resource: Resource,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Value, ApiError> {
+        let mut store = lock(&self.inner.store);
+        let key = (resource, scope(resource, namespace), name.to_owned());
+        let current = store
+            .objects
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(resource, name))?;
+        let has_finalizers = current
+            .pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .is_some_and(|f| !f.is_empty());
+        if has_finalizers {
+            if current.pointer("/metadata/deletionTimestamp").is_some() {
+                return Ok(current);
+            }
+            let mut next = current.clone();
+            next["metadata"]["deletionTimestamp"] = json!(now());
+            return Ok(self.commit(&mut store, key, ChangeKind::Modified, Some(current), next));
+        }
+        store.objects.remove(&key);
+        let next = current.clone();
+        Ok(self.commit_removal(&mut store, key, current, next))
+    }
+
+    fn commit(
+        &self,
+        store: &mut Store,
+        key: Key,
+        kind: ChangeKind,
+        old: Option<Value>,
+        mut obj: Value,
+    ) -> Value {
+        store.rv += 1;
+        obj["metadata"]["resourceVersion"] = json!(store.rv.to_string());
+        store.objects.insert(key.clone(), obj.clone());
+        self.record(store, key.0, kind, old, obj.clone());
+        obj
+    }
+
+    fn commit_removal(&self, store: &mut Store, key: Key, old: Value, mut obj: Value) -> Value {
+        store.rv += 1;
+        obj["metadata"]["resourceVersion"] = json!(store.rv.to_string());
+        self.record(store, key.0, ChangeKind::Deleted, Some(old), obj.clone());
+        obj
+    }
+
+    fn record(
+        &self,
+        store: &mut Store,
+        resource: Resource,
+        kind: ChangeKind,
+        old: Option<Value>,
+        new: Value,
+    ) {
+        let change = Change {
+            rv: store.rv,
+            resource,
+            kind,
+            old,
+            new,
+        };
+        store.history.push_back(change.clone());
+        while store.history.len() > HISTORY {
+            if let Some(dropped) = store.history.pop_front() {
+                store.oldest = dropped.rv + 1;
+            }
+        }
+        let _ = self.inner.changes.send(change);
+    }
+
+    // === HTTP ===
+
+    async fn serve(&self, req: Request<Incoming>) -> Response<BoxBody<Bytes, Infallible>> {
+        match self.route(req).await {
+            Ok(response) => response,
+            Err(error) => respond(error.code, &error.status()),
+        }
+    }
+
+    async fn route(
+        &self,
+        req: Request<Incoming>,
+    ) -> Result<Response<BoxBody<Bytes, Infallible>>, ApiError> {
+        let (parts, body) = req.into_parts();
+        let path: Vec<&str> = parts.uri.path().trim_matches('/').split('/').collect();
+        let query: BTreeMap<String, String> = parts
+            .uri
+            .query()
+            .map(|q| {
+                q.split('&')
+                    .filter_map(|kv| kv.split_once('='))
+                    .map(|(k, v)| (k.to_owned(), percent_decode(v)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let (group_version, rest) = match path.as_slice() {
+            ["api", version, rest @ ..] => ((*version).to_owned(), rest),
+            ["apis", group, version, rest @ ..] => (format!("{group}/{version}"), rest),
+            _ => {
+                return Err(ApiError::new(
+                    404,
+                    "NotFound",
+                    "the server could not find the requested resource",
+                ));
+            }
+        };
+        let (namespace, rest) = match rest {
+            ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some((*ns).to_owned()), rest),
+            rest => (None, rest),
+        };
+        let (plural, name, subresource) = match rest {
+            [plural] => (*plural, None, None),
+            [plural, name] => (*plural, Some(*name), None),
+            [plural, name, sub] => (*plural, Some(*name), Some(*sub)),
+            _ => {
+                return Err(ApiError::new(
+                    404,
+                    "NotFound",
+                    "the server could not find the requested resource",
+                ));
+            }
+        };
+        let resource = Resource::from_path(&group_version, plural).ok_or_else(|| {
+            ApiError::new(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+            )
+        })?;
+        let status = match subresource {
+            None => false,
+            Some("status") if resource.has_status() => true,
+            Some(_) => return Err(ApiError::new(404, "NotFound", "no such subresource")),
+        };
+        let body = body
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        let parse = || {
+            serde_json::from_slice::<Value>(&body)
+                .map_err(|e| ApiError::new(400, "BadRequest", e.to_string()))
+        };
+        let ns = namespace.clone().unwrap_or_default();
+        let ok = |code: u16, obj: Value| Ok(respond(code, &obj));
+        match (&parts.method, name) {
+            (&Method::GET, None) => {
+                let selector = Selector::parse(
+                    query.get("labelSelector").map(String::as_str),
+                    query.get("fieldSelector").map(String::as_str),
+                );
+                if matches!(query.get("watch").map(String::as_str), Some("true" | "1")) {
+                    let from = query
+                        .get("resourceVersion")
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0);
+                    let timeout = query
+                        .get("timeoutSeconds")
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(290);
+                    return Ok(self.watch(
+                        resource,
+                        namespace,
+                        selector,
+                        from,
+                        Duration::from_secs(timeout),
+                    ));
+                }
+                let store = self.store();
+                let items: Vec<Value> = store.list(resource, namespace.as_deref(), &selector);
+                let list = json!({"kind": format!("{}List", resource.kind()), "apiVersion": resource.api_version(),
+                                  "metadata": {"resourceVersion": store.rv.to_string()}, "items": items});
+                ok(200, list)
+            }
+            (&Method::GET, Some(name)) => self
+                .get(resource, &ns, name)
+                .ok_or_else(|| ApiError::not_found(resource, name))
+                .and_then(|obj| ok(200, obj)),
+            (&Method::POST, None) => self
+                .create(resource, &ns, parse()?)
+                .and_then(|obj| ok(201, obj)),
+            (&Method::PUT, Some(name)) => self
+                .update(resource, &ns, name, parse()?, status)
+                .and_then(|obj| ok(200, obj)),
+            (&Method::PATCH, Some(name)) => {
+                let content_type = parts
+                    .headers
+                    .get("content-type")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("");
+                if !content_type.starts_with("application/merge-patch+json")
+                    && !content_type.starts_with("application/strategic-merge-patch+json")
+                {
+                    return Err(ApiError::new(
+                        415,
+                        "UnsupportedMediaType",
+                        format!("patch type {content_type}"),
+                    ));
+                }
+                self.patch(resource, &ns, name, &parse()?, status)
+                    .and_then(|obj| ok(200, obj))
+            }
+            (&Method::DELETE, Some(name)) => self
+                .delete(resource, &ns, name)
+                .and_then(|obj| ok(200, obj)),
+            _ => Err(ApiError::new(405, "MethodNotAllowed", "method not allowed")),
+        }
+    }
+
+    fn watch(
+        &self,
+        resource: Resource,
+        namespace: Option<String>,
+        selector: Selector,
+        from: u64,
+        timeout: Duration,
+    ) -> Response<BoxBody<Bytes, Infallible>> {
+        let (tx, rx) = mpsc::channel::<Frame<Bytes>>(256);
+        let line = |kind: &str, obj: &Value| {
+            let mut text = json!({"type": kind, "object": obj}).to_string();
+            text.push('\n');
+            Frame::data(Bytes::from(text))
+        };
+        // Subscribe before reading the history, so that nothing falls between.
+        let mut live = self.inner.changes.subscribe();
+        let mut reset = self.inner.reset.subscribe();
+        let (backlog, gone) = {
+            let store = self.store();
+            if from != 0 && from + 1 < store.oldest {
+                (Vec::new(), true)
+            } else if from == 0 {
+                // No resourceVersion: the current objects first, as ADDED.
+                let current = store.list(resource, namespace.as_deref(), &selector);
+                let rv = store.rv;
+                let added = current.into_iter().map(|obj| Change {
+                    rv,
+                    resource,
+                    kind: ChangeKind::Added,
+                    old: None,
+                    new: obj,
+                });
+                (added.collect(), false)
+            } else {
+                (
+                    store
+                        .history
+                        .iter()
+                        .filter(|c| c.rv > from)
+                        .cloned()
+                        .collect(),
+                    false,
+                )
+            }
+        };
+        let filter = move |change: &Change| -> Option<(&'static str, Value)> {
+            if change.resource != resource {
+                return None;
+            }
+            let in_scope = |obj: &Value| {
+                namespace.as_deref().is_none_or(|ns| {
+                    obj.pointer("/metadata/namespace").and_then(Value::as_str) == Some(ns)
+                }) && selector.matches(obj)
+            };
+            let was = change.old.as_ref().is_some_and(&in_scope);
+            let is = in_scope(&change.new);
+            match (change.kind, was, is) {
+                (ChangeKind::Deleted, true, _) => Some(("DELETED", change.new.clone())),
+                (ChangeKind::Deleted, false, _) => None,
+                (_, false, true) => Some(("ADDED", change.new.clone())),
+                (_, true, true) => Some(("MODIFIED", change.new.clone())),
+                // No longer matches: the watcher sees it go.
+                (_, true, false) => Some(("DELETED", change.new.clone())),
+                (_, false, false) => None,
+            }
+        };
+        tokio::spawn(async move {
+            if gone {
+                let status =
+                    ApiError::new(410, "Expired", format!("too old resource version: {from}"))
+                        .status();
+                let _ = tx.send(line("ERROR", &status)).await;
+                return;
+            }
+            let mut sent = from;
+            for change in backlog {
+                if let Some((kind, obj)) = filter(&change) {
+                    if tx.send(line(kind, &obj)).await.is_err() {
+                        return;
+                    }
+                }
+                sent = sent.max(change.rv);
+            }
+            let deadline = tokio::time::sleep(timeout);
+            tokio::pin!(deadline);
+            loop {
+                tokio::select! {
+                    change = live.recv() => match change {
+                        Ok(change) if change.rv > sent => {
+                            sent = change.rv;
+                            if let Some((kind, obj)) = filter(&change) {
+                                if tx.send(line(kind, &obj)).await.is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                        Ok(_) => {}
+                        // Lagged or closed: end the stream; the client resumes.
+                        Err(_) => return,
+                    },
+                    _ = reset.changed() => return,
+                    () = &mut deadline => return,
+                }
+            }
+        });
+        Response::builder()
+            .status(200)
+            .header("content-type", "application/json")
+            .body(BodyExt::boxed(super::upstream::Reply::from(rx)))
+            .unwrap_or_default()
+    }
+}
+
+fn respond(code: u16, body: &Value) -> Response<BoxBody<Bytes, Infallible>> {
+    Response::builder()
+        .status(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
+        .header("content-type", "application/json")
+        .body(BodyExt::boxed(Full::new(Bytes::from(body.to_string()))))
+        .unwrap_or_default()
+}
+
+fn scope(resource: Resource, namespace: &str) -> String {
+    if resource.namespaced() {
+        namespace.to_owned()
+    } else {
+        String::new()
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// RFC 3339 at whole seconds, as metav1.Time is written.
+pub fn now() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => match u8::from_str_radix(&text[i + 1..i + 3], 16) {
+                Ok(b) => {
+                    out.push(b);
+                    i += 3;
+                    continue;
+                }
+                Err(_) => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
