@@ -9,6 +9,7 @@
 //! - [`config`]: the command line.
 //! - [`telemetry`]: logging setup.
 
+pub mod agent;
 pub mod config;
 pub mod cri;
 pub mod crr;

@@ -214,8 +214,10 @@ pub struct Pick {
 }
 
 /// Step 2.3.2: one CRR per Pod at a time. Recreating ones first, then
-/// Pending, then new ones; oldest first within a phase.
-pub fn pick(candidates: &[Candidate]) -> Pick {
+/// Pending, then new ones; oldest first within a phase. The walk stops at a
+/// CRR whose cached copy is older than crr-proxy's own last write to it
+/// (`current` false): acting on it could undo that write.
+pub fn pick(candidates: &[Candidate], current: impl Fn(&str) -> bool) -> Pick {
     let weight = |phase: &Phase| match phase {
         Phase::Completed => 1,
         Phase::Recreating => 2,
@@ -229,14 +231,18 @@ pub fn pick(candidates: &[Candidate]) -> Pick {
             .then(a.created.cmp(&b.created))
             .then(a.name.cmp(&b.name))
     });
-    let mut order = order.into_iter();
-    Pick {
-        picked: order.next().map(|c| c.name.clone()),
-        set_pending: order
-            .filter(|c| c.phase == Phase::New)
-            .map(|c| c.name.clone())
-            .collect(),
+    let mut pick = Pick::default();
+    for candidate in order {
+        if !current(&candidate.name) {
+            break;
+        }
+        if pick.picked.is_none() {
+            pick.picked = Some(candidate.name.clone());
+        } else if candidate.phase == Phase::New {
+            pick.set_pending.push(candidate.name.clone());
+        }
     }
+    pick
 }
 
 #[cfg(test)]

@@ -490,33 +490,53 @@ fn cand(name: &str, phase: Phase, created: i64, finished: bool) -> Candidate {
 
 #[test]
 fn pick_prefers_recreating_then_pending_then_oldest_new() {
-    let got = pick(&[
+    let all = |_: &str| true;
+    let crrs = [
         cand("new-old", Phase::New, 1, false),
         cand("pending", Phase::Pending, 5, false),
         cand("recreating", Phase::Recreating, 9, false),
         cand("new-young", Phase::New, 3, false),
-    ]);
+    ];
+    let got = pick(&crrs, all);
     assert_eq!(got.picked.as_deref(), Some("recreating"));
     assert_eq!(got.set_pending, ["new-old", "new-young"]);
 
-    let got = pick(&[
-        cand("b", Phase::New, 2, false),
-        cand("a", Phase::New, 1, false),
-    ]);
+    let got = pick(
+        &[
+            cand("b", Phase::New, 2, false),
+            cand("a", Phase::New, 1, false),
+        ],
+        all,
+    );
     assert_eq!(got.picked.as_deref(), Some("a"));
     assert_eq!(got.set_pending, ["b"]);
 }
 
 #[test]
 fn pick_skips_finished_crrs() {
-    let got = pick(&[
+    let all = |_: &str| true;
+    let crrs = [
         cand("done", Phase::Completed, 0, true),
         cand("next", Phase::Pending, 5, false),
-    ]);
+    ];
+    let got = pick(&crrs, all);
     assert_eq!(got.picked.as_deref(), Some("next"));
     assert!(got.set_pending.is_empty());
     assert_eq!(
-        pick(&[cand("done", Phase::Recreating, 0, true)]),
+        pick(&[cand("done", Phase::Recreating, 0, true)], all),
         Pick::default()
     );
+}
+
+#[test]
+fn pick_stops_at_a_crr_whose_cache_lags_our_write() {
+    let crrs = [
+        cand("recreating", Phase::Recreating, 1, false),
+        cand("lagging", Phase::New, 2, false),
+        cand("later", Phase::New, 3, false),
+    ];
+    let got = pick(&crrs, |name| name != "lagging");
+    assert_eq!(got.picked.as_deref(), Some("recreating"));
+    assert!(got.set_pending.is_empty(), "{got:?}");
+    assert_eq!(pick(&crrs, |name| name != "recreating"), Pick::default());
 }

@@ -1,0 +1,730 @@
+//! The ContainerRecreateRequest node agent (`--agent kruise`): a drop-in for
+//! the CRR part of OpenKruise's kruise-daemon, next to the unmodified
+//! kruise-manager and webhook. It watches the active CRRs of its node,
+//! serialises the work per Pod, and recreates containers through the kill
+//! engine; kubelet restarts them.
+
+mod queue;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{LifecycleHandler, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use tokio::sync::{Semaphore, watch};
+use tokio::time::Instant;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::cri::RuntimeClient;
+use crate::cri::v1::{
+    ContainerFilter, ContainerState, ContainerStatusRequest, ListContainersRequest, VersionRequest,
+};
+use crate::crr::state::{self, Candidate, PassEnd, PodContainers, RuntimeContainer};
+use crate::crr::{
+    ContainerRecreateRequest, ContainerRecreateRequestStatus, ContainerRecreateState, Phase,
+    SyncContainerStatus, annotations, labels,
+};
+use crate::kill::{self, HookResult, KillRequest, Killer};
+use queue::{Next, Queue};
+
+/// kruise-daemon runs 32 workers.
+const WORKERS: usize = 32;
+/// How long a lagging cache may hold back a Pod's work (kruise's
+/// `maxExpectationWaitDuration`).
+const EXPECTATION_WAIT: Duration = Duration::from_secs(10);
+/// The Event source, as `kruise-daemon-crr` is for kruise.
+pub const REPORTER: &str = "crr-proxy";
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("runtime {call}: {status}")]
+    Runtime {
+        call: &'static str,
+        #[source]
+        status: tonic::Status,
+    },
+}
+
+/// What the agent needs from its surroundings.
+pub struct AgentConfig {
+    pub client: kube::Client,
+    pub cri: RuntimeClient,
+    pub killer: Killer,
+    pub node_name: String,
+}
+
+/// The work key: one Pod.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct PodKey {
+    namespace: String,
+    pod: String,
+}
+
+struct Agent {
+    client: kube::Client,
+    cri: RuntimeClient,
+    killer: Killer,
+    store: Store<ContainerRecreateRequest>,
+    recorder: Recorder,
+    queue: Queue<PodKey>,
+    /// Per CRR uid: the resourceVersion of our last write and when.
+    expectations: Mutex<HashMap<String, (u64, Instant)>>,
+    runtime_name: tokio::sync::OnceCell<String>,
+}
+
+/// Runs the agent until `shutdown` resolves. `synced` turns true once the
+/// CRR watch has listed everything (readiness).
+pub async fn run(
+    config: AgentConfig,
+    synced: watch::Sender<bool>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let AgentConfig {
+        client,
+        cri,
+        killer,
+        node_name,
+    } = config;
+    let selector = format!("{}={node_name},{}=true", labels::NODE_NAME, labels::ACTIVE);
+    let (store, writer) = reflector::store();
+    let events = watcher(
+        Api::<ContainerRecreateRequest>::all(client.clone()),
+        watcher::Config::default().labels(&selector),
+    )
+    .default_backoff()
+    .reflect(writer);
+    let reporter = Reporter {
+        controller: REPORTER.into(),
+        instance: Some(node_name.clone()),
+    };
+    let agent = Arc::new(Agent {
+        recorder: Recorder::new(client.clone(), reporter),
+        client,
+        cri,
+        killer,
+        store,
+        queue: Queue::default(),
+        expectations: Mutex::new(HashMap::new()),
+        runtime_name: tokio::sync::OnceCell::new(),
+    });
+    info!(node = %node_name, %selector, "watching ContainerRecreateRequests");
+    let dispatcher = tokio::spawn(Arc::clone(&agent).dispatch());
+    let watch_loop = async {
+        let mut events = std::pin::pin!(events);
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(watcher::Event::Apply(crr) | watcher::Event::InitApply(crr)) => {
+                    if !is_finished(&crr) {
+                        agent.queue.add(pod_key(&crr));
+                    }
+                }
+                Ok(watcher::Event::Delete(crr)) => {
+                    // kruise forgets the Pod here, which leaves its next CRR
+                    // Pending until something else touches it (#1626, #2474).
+                    agent.forget(&crr);
+                    agent.queue.add(pod_key(&crr));
+                }
+                Ok(watcher::Event::InitDone) => {
+                    let _ = synced.send(true);
+                }
+                Ok(watcher::Event::Init) => {}
+                // The watcher backs off and re-lists (410 Gone included); the
+                // reflector keeps the last state meanwhile.
+                Err(error) => warn!(%error, "CRR watch failed; retrying"),
+            }
+        }
+    };
+    tokio::select! {
+        () = watch_loop => warn!("the CRR watch ended"),
+        () = shutdown => info!("agent stopping"),
+    }
+    dispatcher.abort();
+}
+
+fn pod_key(crr: &ContainerRecreateRequest) -> PodKey {
+    PodKey {
+        namespace: crr.namespace().unwrap_or_default(),
+        pod: crr.spec.pod_name.clone(),
+    }
+}
+
+fn is_finished(crr: &ContainerRecreateRequest) -> bool {
+    crr.meta().deletion_timestamp.is_some()
+        || crr
+            .status
+            .as_ref()
+            .is_some_and(|s| s.completion_time.is_some())
+}
+
+fn phase(crr: &ContainerRecreateRequest) -> Phase {
+    crr.status
+        .as_ref()
+        .map(|s| s.phase.clone())
+        .unwrap_or_default()
+}
+
+fn now_nanos() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+// === impl Agent ===
+
+impl Agent {
+    async fn dispatch(self: Arc<Self>) {
+        let workers = Arc::new(Semaphore::new(WORKERS));
+        loop {
+            let (ready, next) = self.queue.take_due();
+            for key in ready {
+                let Ok(permit) = Arc::clone(&workers).acquire_owned().await else {
+                    return;
+                };
+                let agent = Arc::clone(&self);
+                let span = info_span!("pod", namespace = %key.namespace, pod = %key.pod);
+                tokio::spawn(
+                    async move {
+                        let next = match agent.sync(&key).await {
+                            Ok(next) => next,
+                            Err(error) => {
+                                warn!(%error, "sync failed; backing off");
+                                Next::Failed
+                            }
+                        };
+                        agent.queue.done(key, next);
+                        drop(permit);
+                    }
+                    .instrument(span),
+                );
+            }
+            self.queue.wait(next).await;
+        }
+    }
+
+    /// One pass over the CRRs of one Pod (kruise-daemon's `sync`).
+    async fn sync(&self, key: &PodKey) -> Result<Next, AgentError> {
+        let crrs: Vec<Arc<ContainerRecreateRequest>> = self
+            .store
+            .state()
+            .into_iter()
+            .filter(|c| {
+                c.namespace().as_deref() == Some(key.namespace.as_str())
+                    && c.spec.pod_name == key.pod
+            })
+            .collect();
+        if crrs.is_empty() {
+            return Ok(Next::Done);
+        }
+        let candidates: Vec<Candidate> = crrs
+            .iter()
+            .map(|c| Candidate {
+                name: c.name_any(),
+                phase: phase(c),
+                created: c
+                    .meta()
+                    .creation_timestamp
+                    .as_ref()
+                    .map_or(0, |t| t.0.as_second()),
+                finished: is_finished(c),
+            })
+            .collect();
+        for crr in crrs.iter().filter(|c| is_finished(c)) {
+            self.forget(crr);
+        }
+        let by_name = |name: &str| crrs.iter().find(|c| c.name_any() == name);
+        let picked = state::pick(&candidates, |name| {
+            by_name(name).is_none_or(|c| self.is_current(c))
+        });
+        for name in &picked.set_pending {
+            if let Some(crr) = by_name(name) {
+                self.set_phase(crr, Phase::Pending).await?;
+            }
+        }
+        let Some(crr) = picked.picked.as_deref().and_then(by_name) else {
+            // Held back by a lagging cache: its watch event brings us back;
+            // if it never comes, the expectation lapses.
+            return Ok(Next::After(EXPECTATION_WAIT));
+        };
+        let span = info_span!("crr", name = %crr.name_any());
+        async {
+            if phase(crr) != Phase::Recreating {
+                self.set_phase(crr, Phase::Recreating).await?;
+                return Ok(Next::Done);
+            }
+            if let Some(grace) = crr
+                .spec
+                .strategy
+                .as_ref()
+                .and_then(|s| s.unready_grace_period_seconds)
+            {
+                let Some(stamp) = crr.annotations().get(annotations::UNREADY_ACQUIRED) else {
+                    debug!("waiting for kruise-manager to make the Pod not ready");
+                    return Ok(Next::Done);
+                };
+                let acquired = match stamp.parse::<Timestamp>() {
+                    Ok(at) => at,
+                    Err(error) => {
+                        self.complete(
+                            crr,
+                            &format!("failed to parse unready time {stamp}: {error}"),
+                        )
+                        .await?;
+                        return Ok(Next::Done);
+                    }
+                };
+                let waited = Timestamp::now().as_millisecond() - acquired.as_millisecond();
+                let left = grace.saturating_mul(1000).saturating_sub(waited);
+                if left > 0 {
+                    let left = Duration::from_millis(u64::try_from(left).unwrap_or(u64::MAX));
+                    return Ok(Next::After(left + Duration::from_millis(100)));
+                }
+            }
+            self.manage(crr).await
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Steps A to I for the picked CRR.
+    async fn manage(&self, crr: &ContainerRecreateRequest) -> Result<Next, AgentError> {
+        let runtime = self.runtime_name().await?;
+        if let Err(reason) = check_runtime(crr, runtime) {
+            self.complete(crr, &format!("failed to find runtime service: {reason}"))
+                .await?;
+            return Ok(Next::Done);
+        }
+        let pod_uid = crr
+            .labels()
+            .get(labels::POD_UID)
+            .cloned()
+            .unwrap_or_default();
+        let containers = self.pod_containers(&pod_uid, runtime).await?;
+        let sync: HashMap<String, SyncContainerStatus> = crr
+            .annotations()
+            .get(annotations::SYNC_CONTAINER_STATUSES)
+            .and_then(|raw| serde_json::from_str::<Vec<SyncContainerStatus>>(raw).ok())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|s| (s.name.clone(), s))
+            .collect();
+        let previous = crr
+            .status
+            .as_ref()
+            .map(|s| s.container_recreate_states.clone())
+            .unwrap_or_default();
+        let states = state::current_states(&crr.spec, &previous, &containers, &sync, now_nanos());
+        if states != previous {
+            // Publish the states before any kill.
+            self.patch_states(crr, &states).await?;
+            return Ok(Next::Done);
+        }
+        let strategy = crr.spec.strategy.clone().unwrap_or_default();
+        let end = state::kill_pass(&states, &strategy, &containers, |name| {
+            self.kill(crr, containers.newest(&name).map(|c| c.id.clone()), name)
+        })
+        .await;
+        Ok(match end {
+            PassEnd::Patch(states) => {
+                self.patch_states(crr, &states).await?;
+                Next::Done
+            }
+            PassEnd::Complete => {
+                self.complete(crr, "").await?;
+                Next::Done
+            }
+            PassEnd::Requeue(after) => Next::After(after),
+            PassEnd::Wait => Next::Done,
+        })
+    }
+
+    /// Kills one container of `crr` (synchronously: preStop, then stop).
+    fn kill(
+        &self,
+        crr: &ContainerRecreateRequest,
+        runtime_id: Option<String>,
+        name: String,
+    ) -> impl Future<Output = Result<(), String>> + use<'_> {
+        let message = format!(
+            "Stopping container {name} by ContainerRecreateRequest {}",
+            crr.name_any()
+        );
+        let spec = crr.spec.containers.iter().find(|c| c.name == name).cloned();
+        let grace_period = crr
+            .spec
+            .strategy
+            .as_ref()
+            .and_then(|s| s.termination_grace_period_seconds);
+        let reference = ObjectReference {
+            kind: Some("Pod".into()),
+            api_version: Some("v1".into()),
+            namespace: crr.namespace(),
+            name: Some(crr.spec.pod_name.clone()),
+            uid: crr.labels().get(labels::POD_UID).cloned(),
+            field_path: Some(format!("spec.containers{{{name}}}")),
+            ..Default::default()
+        };
+        async move {
+            let id = runtime_id
+                .as_deref()
+                .and_then(|id| id.split_once("://").map(|(_, id)| id.to_owned()))
+                .ok_or_else(|| format!("no runtime container for {name}"))?;
+            let request = KillRequest {
+                grace_period,
+                // The webhook's copy of the Pod's preStop; without one, the
+                // container's own annotation (which may hold `sleep`).
+                pre_stop: spec.as_ref().and_then(|c| c.pre_stop.as_ref()).map(|p| {
+                    LifecycleHandler {
+                        exec: p.exec.clone(),
+                        http_get: p.http_get.clone(),
+                        tcp_socket: p.tcp_socket.clone(),
+                        ..Default::default()
+                    }
+                }),
+                ports: spec
+                    .as_ref()
+                    .map(|c| c.ports.clone())
+                    .filter(|p| !p.is_empty()),
+                message: Some(message.clone()),
+            };
+            self.event(&reference, EventType::Normal, "Killing", message)
+                .await;
+            let outcome = self
+                .killer
+                .kill(&id, request)
+                .await
+                .map_err(|e| e.to_string().replace(&id, &name))?;
+            if let Some(hook) = &outcome.hook {
+                if let HookResult::Failed(text) = &hook.result {
+                    self.event(
+                        &reference,
+                        EventType::Warning,
+                        "FailedPreStopHook",
+                        text.replace(&id, &name),
+                    )
+                    .await;
+                }
+                if hook.http_fallback {
+                    let note = "HTTP lifecycle hook for preStop fell back to HTTP: the server answered HTTPS in plain HTTP";
+                    self.event(
+                        &reference,
+                        EventType::Warning,
+                        "LifecycleHTTPFallback",
+                        note.into(),
+                    )
+                    .await;
+                }
+            }
+            info!(container = %name, after = ?outcome.after, "container killed");
+            Ok(())
+        }
+    }
+
+    async fn event(
+        &self,
+        reference: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: reason.into(),
+            secondary: None,
+        };
+        if let Err(error) = self.recorder.publish(&event, reference).await {
+            warn!(%error, reason, "could not record an Event");
+        }
+    }
+
+    /// The runtime's name (`containerd`), as in containerIDs' prefix.
+    async fn runtime_name(&self) -> Result<&str, AgentError> {
+        let name = self
+            .runtime_name
+            .get_or_try_init(|| async {
+                let version = self
+                    .cri
+                    .clone()
+                    .version(VersionRequest::default())
+                    .await
+                    .map_err(|status| AgentError::Runtime {
+                        call: "Version",
+                        status,
+                    })?;
+                Ok::<_, AgentError>(version.into_inner().runtime_name)
+            })
+            .await?;
+        Ok(name.as_str())
+    }
+
+    /// The Pod's containers on this node (all states), as kubelet's
+    /// GetPodStatus reads them.
+    async fn pod_containers(
+        &self,
+        pod_uid: &str,
+        runtime: &str,
+    ) -> Result<PodContainers, AgentError> {
+        let mut cri = self.cri.clone();
+        let listed = cri
+            .list_containers(ListContainersRequest {
+                filter: Some(ContainerFilter {
+                    label_selector: HashMap::from([(
+                        kill::keys::POD_UID.to_owned(),
+                        pod_uid.to_owned(),
+                    )]),
+                    ..Default::default()
+                }),
+            })
+            .await
+            .map_err(|status| AgentError::Runtime {
+                call: "ListContainers",
+                status,
+            })?
+            .into_inner()
+            .containers;
+        let mut containers = Vec::with_capacity(listed.len());
+        for container in listed {
+            let status = cri
+                .container_status(ContainerStatusRequest {
+                    container_id: container.id.clone(),
+                    verbose: false,
+                })
+                .await
+                .map_err(|status| AgentError::Runtime {
+                    call: "ContainerStatus",
+                    status,
+                })?
+                .into_inner()
+                .status
+                .unwrap_or_default();
+            let state = status.state();
+            containers.push(RuntimeContainer {
+                id: format!("{runtime}://{}", status.id),
+                name: status
+                    .labels
+                    .get(kill::keys::CONTAINER_NAME)
+                    .cloned()
+                    .unwrap_or_default(),
+                restart_count: status
+                    .annotations
+                    .get(kill::keys::RESTART_COUNT)
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0),
+                state,
+                created_at: status.created_at,
+                started_at: (state != ContainerState::ContainerCreated)
+                    .then_some(status.started_at),
+            });
+        }
+        Ok(PodContainers::new(containers))
+    }
+
+    // --- status writes (§2.3.4) ---
+
+    /// A full status update from the cached object: a conflict means the
+    /// cache is behind, and the back-off retries with a fresher copy.
+    async fn set_phase(
+        &self,
+        crr: &ContainerRecreateRequest,
+        phase: Phase,
+    ) -> Result<(), AgentError> {
+        let mut next = crr.clone();
+        next.status
+            .get_or_insert_with(ContainerRecreateRequestStatus::default)
+            .phase = phase.clone();
+        debug!(crr = %crr.name_any(), ?phase, "setting phase");
+        let written = self
+            .api(crr)
+            .replace_status(&crr.name_any(), &PostParams::default(), &next)
+            .await?;
+        self.expect(&written);
+        Ok(())
+    }
+
+    async fn complete(
+        &self,
+        crr: &ContainerRecreateRequest,
+        message: &str,
+    ) -> Result<(), AgentError> {
+        let mut next = crr.clone();
+        let status = next
+            .status
+            .get_or_insert_with(ContainerRecreateRequestStatus::default);
+        status.phase = Phase::Completed;
+        status.completion_time = Some(Time(Timestamp::now()));
+        status.message = message.to_owned();
+        info!(crr = %crr.name_any(), message, "completing");
+        let written = self
+            .api(crr)
+            .replace_status(&crr.name_any(), &PostParams::default(), &next)
+            .await?;
+        self.expect(&written);
+        Ok(())
+    }
+
+    /// A merge patch of the whole state list; nothing else is touched.
+    async fn patch_states(
+        &self,
+        crr: &ContainerRecreateRequest,
+        states: &[ContainerRecreateState],
+    ) -> Result<(), AgentError> {
+        let patch = json!({"status": {"containerRecreateStates": states}});
+        let written = self
+            .api(crr)
+            .patch_status(
+                &crr.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        self.expect(&written);
+        Ok(())
+    }
+
+    fn api(&self, crr: &ContainerRecreateRequest) -> Api<ContainerRecreateRequest> {
+        Api::namespaced(self.client.clone(), &crr.namespace().unwrap_or_default())
+    }
+
+    // --- resourceVersion expectations ---
+
+    fn expect(&self, written: &ContainerRecreateRequest) {
+        if let (Some(uid), Some(rv)) = (written.uid(), resource_version(written)) {
+            if let Ok(mut expectations) = self.expectations.lock() {
+                expectations.insert(uid, (rv, Instant::now()));
+            }
+        }
+    }
+
+    fn forget(&self, crr: &ContainerRecreateRequest) {
+        if let (Some(uid), Ok(mut expectations)) = (crr.uid(), self.expectations.lock()) {
+            expectations.remove(&uid);
+        }
+    }
+
+    /// False while the cached copy is older than our last write to it.
+    fn is_current(&self, crr: &ContainerRecreateRequest) -> bool {
+        let (Some(uid), Ok(mut expectations)) = (crr.uid(), self.expectations.lock()) else {
+            return true;
+        };
+        let Some((expected, since)) = expectations.get(&uid).copied() else {
+            return true;
+        };
+        let caught_up = resource_version(crr).is_some_and(|rv| rv >= expected);
+        if caught_up || since.elapsed() > EXPECTATION_WAIT {
+            expectations.remove(&uid);
+            return true;
+        }
+        false
+    }
+}
+
+fn resource_version(crr: &ContainerRecreateRequest) -> Option<u64> {
+    crr.resource_version().and_then(|rv| rv.parse().ok())
+}
+
+/// Step A: every container must name this node's runtime in its
+/// statusContext's containerID (`<runtime>://<id>`).
+fn check_runtime(crr: &ContainerRecreateRequest, runtime: &str) -> Result<(), String> {
+    let mut found: Option<&str> = None;
+    for container in &crr.spec.containers {
+        let id = container
+            .status_context
+            .as_ref()
+            .map(|c| c.container_id.as_str())
+            .filter(|id| !id.is_empty())
+            .ok_or_else(|| {
+                format!(
+                    "no statusContext or empty containerID in {} container",
+                    container.name
+                )
+            })?;
+        let parts: Vec<&str> = id.split("://").collect();
+        let [kind, _] = parts.as_slice() else {
+            return Err(format!(
+                "failed to parse containerID {id} in {} container",
+                container.name
+            ));
+        };
+        match found {
+            Some(seen) if seen != *kind => {
+                return Err(format!("has different runtime types {seen}, {kind} in Pod"));
+            }
+            _ => found = Some(kind),
+        }
+    }
+    match found {
+        None => Err("no runtime type found in Pod".into()),
+        Some(kind) if kind != runtime => {
+            Err(format!("not found runtime service for {kind} in daemon"))
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crr::{ContainerRecreateRequestContainer, ContainerRecreateRequestContainerContext};
+
+    fn crr(ids: &[(&str, Option<&str>)]) -> ContainerRecreateRequest {
+        let mut crr = ContainerRecreateRequest::new("c", Default::default());
+        crr.spec.containers = ids
+            .iter()
+            .map(|(name, id)| ContainerRecreateRequestContainer {
+                name: (*name).into(),
+                status_context: id.map(|id| ContainerRecreateRequestContainerContext {
+                    container_id: id.into(),
+                    restart_count: 0,
+                }),
+                ..Default::default()
+            })
+            .collect();
+        crr
+    }
+
+    #[test]
+    fn runtime_checks_use_kruises_messages() {
+        let ok = crr(&[("a", Some("containerd://1")), ("b", Some("containerd://2"))]);
+        assert_eq!(check_runtime(&ok, "containerd"), Ok(()));
+        let cases = [
+            (
+                crr(&[("a", None)]),
+                "no statusContext or empty containerID in a container",
+            ),
+            (
+                crr(&[("a", Some(""))]),
+                "no statusContext or empty containerID in a container",
+            ),
+            (
+                crr(&[("a", Some("abc"))]),
+                "failed to parse containerID abc in a container",
+            ),
+            (
+                crr(&[("a", Some("containerd://1")), ("b", Some("docker://2"))]),
+                "has different runtime types containerd, docker in Pod",
+            ),
+            (crr(&[]), "no runtime type found in Pod"),
+            (
+                crr(&[("a", Some("cri-o://1"))]),
+                "not found runtime service for cri-o in daemon",
+            ),
+        ];
+        for (crr, message) in cases {
+            assert_eq!(check_runtime(&crr, "containerd"), Err(message.to_owned()));
+        }
+    }
+}
