@@ -365,9 +365,29 @@ impl FakeApiServer {
         &self,
         resource: Resource,
         namespace: &str,
-        mut obj: Value,
+        obj: Value,
     ) -> Result<Value, ApiError> {
         let hooks = lock(&self.inner.admission).clone();
+        self.create_with(resource, namespace, obj, &hooks)
+    }
+
+    /// Creates without admission hooks, as if no webhook were installed.
+    pub fn create_unchecked(
+        &self,
+        resource: Resource,
+        namespace: &str,
+        obj: Value,
+    ) -> Result<Value, ApiError> {
+        self.create_with(resource, namespace, obj, &[])
+    }
+
+    fn create_with(
+        &self,
+        resource: Resource,
+        namespace: &str,
+        mut obj: Value,
+        hooks: &[Admission],
+    ) -> Result<Value, ApiError> {
         let mut store = lock(&self.inner.store);
         let name = obj
             .pointer("/metadata/name")
@@ -389,7 +409,7 @@ impl FakeApiServer {
                 format!("{} {name:?} already exists", resource.kind()),
             ));
         }
-        for hook in &hooks {
+        for hook in hooks {
             hook(Operation::Create, resource, &mut obj, None, &store)?;
         }
         obj["apiVersion"] = json!(resource.api_version());

@@ -7,6 +7,7 @@ pub mod containerd;
 pub mod images;
 pub mod pods;
 pub mod raw;
+pub mod roles;
 pub mod upstream;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,599 @@
+//! `--agent kruise` end to end: the agent on a real containerd, next to the
+//! kruise-manager and kubelet roles, against the fake API server. The
+//! scenarios are OpenKruise's v1alpha1 e2e ones (crr-semantics.md §4).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+mod support;
+
+use std::time::Duration;
+
+use crr_proxy::agent::{self, AgentConfig};
+use crr_proxy::kill::Killer;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{Value, json};
+use support::apiserver::{FakeApiServer, Resource};
+use support::containerd::Containerd;
+use support::roles::{self, ContainerSpec, KruiseManager, Kubelet, NAMESPACE, PodSpec, wait_for};
+
+const NODE: &str = "node-a";
+
+/// Fields drop in order: the roles stop before containerd is torn down.
+struct Cluster {
+    api: FakeApiServer,
+    kubelet: Kubelet,
+    _manager: KruiseManager,
+    agent: tokio::task::JoinHandle<()>,
+    _ctrd: Containerd,
+}
+
+impl Cluster {
+    async fn new() -> Self {
+        support::init_logging();
+        let ctrd = tokio::task::spawn_blocking(Containerd::start)
+            .await
+            .unwrap()
+            .unwrap();
+        let api = FakeApiServer::start().await;
+        let cri = support::client(&ctrd.endpoint());
+        let kubelet = Kubelet::start(&api, cri.clone(), NODE, ctrd.scratch("logs")).await;
+        let manager = KruiseManager::start(&api);
+        let (synced, mut ready) = tokio::sync::watch::channel(false);
+        let config = AgentConfig {
+            client: api.client(),
+            cri: cri.clone(),
+            killer: Killer::new(cri.clone(), None),
+            node_name: NODE.into(),
+        };
+        let agent = tokio::spawn(agent::run(config, synced, std::future::pending()));
+        tokio::time::timeout(Duration::from_secs(10), ready.wait_for(|r| *r))
+            .await
+            .expect("the agent's watch synced")
+            .unwrap();
+        Self {
+            _ctrd: ctrd,
+            api,
+            kubelet,
+            _manager: manager,
+            agent,
+        }
+    }
+
+    /// Creates a CRR through the API (and so through the webhook).
+    fn create(
+        &self,
+        name: &str,
+        pod: &str,
+        containers: &[&str],
+        strategy: Value,
+        extra: Value,
+    ) -> Value {
+        let mut spec = json!({"podName": pod, "containers": containers.iter().map(|c| json!({"name": c})).collect::<Vec<_>>()});
+        if !strategy.is_null() {
+            spec["strategy"] = strategy;
+        }
+        support::apiserver::merge_patch(&mut spec, &extra);
+        self.api
+            .create(
+                Resource::Crr,
+                NAMESPACE,
+                json!({"metadata": {"name": name}, "spec": spec}),
+            )
+            .expect("create CRR")
+    }
+
+    fn crr(&self, name: &str) -> Option<Value> {
+        self.api.get(Resource::Crr, NAMESPACE, name)
+    }
+
+    fn pod(&self, name: &str) -> Value {
+        self.api.get(Resource::Pod, NAMESPACE, name).unwrap()
+    }
+
+    async fn completed(&self, name: &str, limit: Duration) -> Value {
+        wait_for(limit, || {
+            self.crr(name).filter(|c| {
+                c["status"]["phase"] == "Completed" && c["status"]["completionTime"].is_string()
+            })
+        })
+        .await
+        .unwrap_or_else(|| {
+            panic!(
+                "CRR {name} not completed in {limit:?}: {:?}",
+                self.crr(name)
+            )
+        })
+    }
+
+    async fn active_removed(&self, name: &str) {
+        wait_for(Duration::from_secs(5), || {
+            self.crr(name)
+                .filter(|c| c["metadata"]["labels"]["crr.apps.kruise.io/active"].is_null())
+        })
+        .await
+        .unwrap_or_else(|| panic!("active label not removed from {name}"));
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.agent.abort();
+    }
+}
+
+fn states(crr: &Value) -> Value {
+    crr["status"]["containerRecreateStates"].clone()
+}
+
+fn container_status(pod: &Value, name: &str) -> Value {
+    pod["status"]["containerStatuses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .cloned()
+        .unwrap()
+}
+
+fn seconds(stamp: &Value) -> i64 {
+    stamp
+        .as_str()
+        .unwrap()
+        .parse::<Timestamp>()
+        .unwrap()
+        .as_second()
+}
+
+/// "Both OK": each container recreated once, by us, with a new ID, and ready.
+fn assert_recreated(crr: &Value, pod: &Value, names: &[&str]) {
+    let expected: Vec<Value> = names
+        .iter()
+        .map(|n| json!({"name": n, "phase": "Succeeded", "isKilled": true}))
+        .collect();
+    assert_eq!(states(crr), json!(expected), "{crr:#}");
+    assert_eq!(roles::condition(pod, "Ready").as_deref(), Some("True"));
+    for (i, name) in names.iter().enumerate() {
+        let status = container_status(pod, name);
+        assert_eq!(status["restartCount"], 1, "{name}");
+        assert_ne!(
+            status["containerID"], crr["spec"]["containers"][i]["statusContext"]["containerID"],
+            "{name}"
+        );
+    }
+}
+
+fn finished_at(pod: &Value, name: &str) -> i64 {
+    seconds(&container_status(pod, name)["lastState"]["terminated"]["finishedAt"])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn e2e_1a_simple_container_with_min_started_seconds_and_ttl() {
+    let cluster = Cluster::new().await;
+    let pod = cluster
+        .kubelet
+        .run_pod(PodSpec::new(
+            "pod0",
+            vec![
+                ContainerSpec::graceful("app"),
+                ContainerSpec::graceful("sidecar"),
+            ],
+        ))
+        .await;
+    let created = cluster.create(
+        "crr-1a",
+        "pod0",
+        &["app"],
+        json!({"minStartedSeconds": 5}),
+        json!({"ttlSecondsAfterFinished": 3}),
+    );
+    // The webhook's labels, defaults and snapshot.
+    let labels = &created["metadata"]["labels"];
+    assert_eq!(labels["crr.apps.kruise.io/pod-uid"], pod["metadata"]["uid"]);
+    assert_eq!(labels["crr.apps.kruise.io/node-name"], NODE);
+    assert_eq!(labels["crr.apps.kruise.io/active"], "true");
+    assert_eq!(created["spec"]["strategy"]["failurePolicy"], "Fail");
+    assert_eq!(
+        created["spec"]["containers"][0]["statusContext"]["containerID"],
+        container_status(&pod, "app")["containerID"]
+    );
+
+    let done = cluster.completed("crr-1a", Duration::from_secs(70)).await;
+    cluster.active_removed("crr-1a").await;
+    let pod = cluster.kubelet.wait_ready("pod0").await;
+    assert_eq!(
+        states(&done),
+        json!([{"name": "app", "phase": "Succeeded", "isKilled": true}])
+    );
+    let app = container_status(&pod, "app");
+    assert_eq!(app["restartCount"], 1);
+    assert_ne!(
+        app["containerID"],
+        done["spec"]["containers"][0]["statusContext"]["containerID"]
+    );
+    assert_eq!(
+        container_status(&pod, "sidecar")["restartCount"],
+        0,
+        "the sidecar was not asked for"
+    );
+    let waited =
+        seconds(&done["status"]["completionTime"]) - seconds(&app["state"]["running"]["startedAt"]);
+    assert!(
+        waited > 4,
+        "completed {waited}s after the new container started (minStartedSeconds 5)"
+    );
+    wait_for(Duration::from_secs(6), || {
+        cluster.crr("crr-1a").is_none().then_some(())
+    })
+    .await
+    .expect("deleted by ttlSecondsAfterFinished");
+    // Events on the Pod, from crr-proxy.
+    let events = cluster
+        .api
+        .list(Resource::Event, Some(NAMESPACE), &Default::default());
+    let killing = events
+        .iter()
+        .find(|e| e["reason"] == "Killing")
+        .expect("a Killing event");
+    assert_eq!(
+        killing["note"],
+        "Stopping container app by ContainerRecreateRequest crr-1a"
+    );
+    assert_eq!(killing["regarding"]["fieldPath"], "spec.containers{app}");
+    assert_eq!(killing["reportingController"], agent::REPORTER);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn e2e_1b_two_containers_without_strategy() {
+    let cluster = Cluster::new().await;
+    cluster
+        .kubelet
+        .run_pod(PodSpec::new(
+            "pod1",
+            vec![
+                ContainerSpec::graceful("app"),
+                ContainerSpec::graceful("sidecar"),
+            ],
+        ))
+        .await;
+    cluster.create(
+        "crr-1b",
+        "pod1",
+        &["app", "sidecar"],
+        Value::Null,
+        json!({}),
+    );
+    let done = cluster.completed("crr-1b", Duration::from_secs(60)).await;
+    cluster.active_removed("crr-1b").await;
+    let pod = cluster.kubelet.wait_ready("pod1").await;
+    assert_recreated(&done, &pod, &["app", "sidecar"]);
+}
+
+fn post_start_pod(name: &str) -> PodSpec {
+    let mut app = ContainerSpec::graceful("app");
+    app.post_start = Duration::from_secs(5);
+    PodSpec::new(name, vec![app, ContainerSpec::graceful("sidecar")])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn e2e_2a_unordered_does_not_wait_for_readiness() {
+    let cluster = Cluster::new().await;
+    cluster.kubelet.run_pod(post_start_pod("pod2a")).await;
+    cluster.create(
+        "crr-2a",
+        "pod2a",
+        &["app", "sidecar"],
+        Value::Null,
+        json!({}),
+    );
+    let done = cluster.completed("crr-2a", Duration::from_secs(60)).await;
+    let pod = cluster.kubelet.wait_ready("pod2a").await;
+    assert_recreated(&done, &pod, &["app", "sidecar"]);
+    let gap = finished_at(&pod, "sidecar") - finished_at(&pod, "app");
+    assert!(gap < 3, "the sidecar waited {gap}s for the app");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn e2e_2b_ordered_waits_for_the_previous_container() {
+    let cluster = Cluster::new().await;
+    cluster.kubelet.run_pod(post_start_pod("pod2b")).await;
+    cluster.create(
+        "crr-2b",
+        "pod2b",
+        &["app", "sidecar"],
+        json!({"orderedRecreate": true}),
+        json!({}),
+    );
+    let done = cluster.completed("crr-2b", Duration::from_secs(60)).await;
+    let pod = cluster.kubelet.wait_ready("pod2b").await;
+    assert_recreated(&done, &pod, &["app", "sidecar"]);
+    let gap = finished_at(&pod, "sidecar") - finished_at(&pod, "app");
+    assert!(
+        gap >= 5,
+        "the sidecar was killed {gap}s after the app, before it was ready"
+    );
+}
+
+fn pre_stop_pod(name: &str) -> PodSpec {
+    let mut app = ContainerSpec::graceful("app");
+    app.pre_stop = Some(json!({"exec": {"command": ["sleep", "8"]}}));
+    PodSpec::new(name, vec![app, ContainerSpec::graceful("sidecar")])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn e2e_3a_pre_stop_runs_fully_and_kills_are_sequential() {
+    let cluster = Cluster::new().await;
+    cluster.kubelet.run_pod(pre_stop_pod("pod3a")).await;
+    let created = cluster.create(
+        "crr-3a",
+        "pod3a",
+        &["app", "sidecar"],
+        Value::Null,
+        json!({}),
+    );
+    assert_eq!(
+        created["spec"]["containers"][0]["preStop"],
+        json!({"exec": {"command": ["sleep", "8"]}})
+    );
+    let done = cluster.completed("crr-3a", Duration::from_secs(60)).await;
+    let pod = cluster.kubelet.wait_ready("pod3a").await;
+    assert_recreated(&done, &pod, &["app", "sidecar"]);
+    let after = finished_at(&pod, "sidecar") - seconds(&created["metadata"]["creationTimestamp"]);
+    assert!(
+        after >= 8,
+        "the sidecar stopped {after}s after creation, before the app's preStop ended"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn e2e_3b_active_deadline_completes_while_the_kill_goes_on() {
+    let cluster = Cluster::new().await;
+    cluster.kubelet.run_pod(pre_stop_pod("pod3b")).await;
+    cluster.create(
+        "crr-3b",
+        "pod3b",
+        &["app", "sidecar"],
+        Value::Null,
+        json!({"activeDeadlineSeconds": 3}),
+    );
+    let done = cluster.completed("crr-3b", Duration::from_secs(5)).await;
+    assert_eq!(
+        done["status"]["message"],
+        "recreating has exceeded the activeDeadlineSeconds"
+    );
+    assert_eq!(
+        states(&done),
+        json!([{"name": "app", "phase": "Pending"}, {"name": "sidecar", "phase": "Pending"}])
+    );
+    cluster.active_removed("crr-3b").await;
+    // The kill in progress finishes: the app is recreated; the sidecar never is.
+    wait_for(Duration::from_secs(60), || {
+        (container_status(&cluster.pod("pod3b"), "app")["restartCount"] == 1).then_some(())
+    })
+    .await
+    .expect("the app was recreated");
+    cluster.kubelet.wait_ready("pod3b").await;
+    let last = wait_for(Duration::from_secs(10), || {
+        cluster
+            .crr("crr-3b")
+            .filter(|c| states(c) == json!([{"name": "app", "phase": "Recreating", "isKilled": true}, {"name": "sidecar", "phase": "Pending"}]))
+    })
+    .await;
+    assert!(
+        last.is_some(),
+        "final states: {:?}",
+        cluster.crr("crr-3b").map(|c| states(&c))
+    );
+    assert_eq!(
+        container_status(&cluster.pod("pod3b"), "sidecar")["restartCount"],
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn e2e_3c_unready_grace_and_a_short_termination_grace() {
+    let cluster = Cluster::new().await;
+    cluster.kubelet.run_pod(pre_stop_pod("pod3c")).await;
+    let created = cluster.create(
+        "crr-3c",
+        "pod3c",
+        &["app", "sidecar"],
+        json!({"terminationGracePeriodSeconds": 3, "unreadyGracePeriodSeconds": 1}),
+        json!({}),
+    );
+    let not_ready = wait_for(Duration::from_secs(2), || {
+        let pod = cluster.pod("pod3c");
+        let condition = pod["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == roles::KRUISE_POD_READY)?
+            .clone();
+        (condition["status"] == "False").then_some(condition)
+    })
+    .await
+    .expect("KruisePodReady False within 2 s");
+    assert_eq!(
+        not_ready["message"],
+        format!(r#"[{{"userAgent":"ContainerRecreateRequest","key":"{NAMESPACE}/crr-3c"}}]"#)
+    );
+    let done = cluster.completed("crr-3c", Duration::from_secs(60)).await;
+    wait_for(Duration::from_secs(3), || {
+        (roles::condition(&cluster.pod("pod3c"), roles::KRUISE_POD_READY).as_deref()
+            == Some("True"))
+        .then_some(())
+    })
+    .await
+    .expect("KruisePodReady True again within 3 s");
+    let pod = cluster.kubelet.wait_ready("pod3c").await;
+    assert_recreated(&done, &pod, &["app", "sidecar"]);
+    let after = finished_at(&pod, "app") - seconds(&created["metadata"]["creationTimestamp"]);
+    assert!(
+        after < 8,
+        "the app's 8 s preStop was not cut by the 3 s grace: {after}s"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn e2e_4a_and_4b_force_recreate() {
+    let cluster = Cluster::new().await;
+    cluster.kubelet.run_pod(post_start_pod("pod4a")).await;
+    cluster.kubelet.run_pod(post_start_pod("pod4b")).await;
+    cluster.create(
+        "crr-4a",
+        "pod4a",
+        &["app", "sidecar"],
+        json!({"forceRecreate": true}),
+        json!({}),
+    );
+    cluster.create(
+        "crr-4b",
+        "pod4b",
+        &["app", "sidecar"],
+        json!({"forceRecreate": true, "orderedRecreate": true}),
+        json!({}),
+    );
+    let done_a = cluster.completed("crr-4a", Duration::from_secs(60)).await;
+    let done_b = cluster.completed("crr-4b", Duration::from_secs(60)).await;
+    let pod_a = cluster.kubelet.wait_ready("pod4a").await;
+    let pod_b = cluster.kubelet.wait_ready("pod4b").await;
+    assert_recreated(&done_a, &pod_a, &["app", "sidecar"]);
+    assert_recreated(&done_b, &pod_b, &["app", "sidecar"]);
+    let gap_a = finished_at(&pod_a, "sidecar") - finished_at(&pod_a, "app");
+    let gap_b = finished_at(&pod_b, "sidecar") - finished_at(&pod_b, "app");
+    assert!(gap_a < 3, "unordered force waited {gap_a}s");
+    assert!(gap_b >= 5, "ordered force waited only {gap_b}s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_crrs_for_one_pod_back_to_back_both_complete() {
+    let cluster = Cluster::new().await;
+    cluster
+        .kubelet
+        .run_pod(PodSpec::new(
+            "pod5",
+            vec![
+                ContainerSpec::graceful("app"),
+                ContainerSpec::graceful("sidecar"),
+            ],
+        ))
+        .await;
+    cluster.create("first", "pod5", &["app"], Value::Null, json!({}));
+    cluster.create("second", "pod5", &["sidecar"], Value::Null, json!({}));
+    let first = cluster.completed("first", Duration::from_secs(60)).await;
+    let second = cluster.completed("second", Duration::from_secs(60)).await;
+    assert_eq!(
+        states(&first),
+        json!([{"name": "app", "phase": "Succeeded", "isKilled": true}])
+    );
+    assert_eq!(
+        states(&second),
+        json!([{"name": "sidecar", "phase": "Succeeded", "isKilled": true}])
+    );
+
+    // kruise #2474: delete a CRR and create the next at once; it must not hang.
+    cluster.create("third", "pod5", &["app"], Value::Null, json!({}));
+    wait_for(Duration::from_secs(10), || {
+        cluster
+            .crr("third")
+            .filter(|c| c["status"]["phase"] == "Recreating")
+    })
+    .await
+    .expect("third started");
+    cluster
+        .api
+        .delete(Resource::Crr, NAMESPACE, "third")
+        .unwrap();
+    cluster.create("fourth", "pod5", &["sidecar"], Value::Null, json!({}));
+    let fourth = cluster.completed("fourth", Duration::from_secs(60)).await;
+    assert_eq!(
+        states(&fourth),
+        json!([{"name": "sidecar", "phase": "Succeeded", "isKilled": true}])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_crrs_get_their_documented_outcome_and_delay_no_one() {
+    let cluster = Cluster::new().await;
+    let pod = cluster
+        .kubelet
+        .run_pod(PodSpec::new(
+            "pod6",
+            vec![
+                ContainerSpec::graceful("app"),
+                ContainerSpec::graceful("sidecar"),
+            ],
+        ))
+        .await;
+    // The webhook refuses these at creation, with kruise's messages.
+    let refused = |containers: Value, message: &str| {
+        let error = cluster
+            .api
+            .create(
+                Resource::Crr,
+                NAMESPACE,
+                json!({"metadata": {"name": "bad"}, "spec": {"podName": "pod6", "containers": containers}}),
+            )
+            .unwrap_err();
+        assert_eq!((error.code, error.message.as_str()), (400, message));
+    };
+    refused(json!([{"name": "nope"}]), "container nope not found in Pod");
+    refused(
+        json!([{"name": "app"}, {"name": "app"}]),
+        "can not recreate app multi times",
+    );
+
+    // Written past the webhook (say, before it was installed), with the labels
+    // by hand: the agent completes them with kruise's messages.
+    let uid = pod["metadata"]["uid"].as_str().unwrap();
+    let raw = |name: &str, status_context: Value| {
+        let labels = json!({"crr.apps.kruise.io/node-name": NODE, "crr.apps.kruise.io/active": "true",
+                            "crr.apps.kruise.io/pod-uid": uid});
+        let mut container = json!({"name": "app"});
+        if !status_context.is_null() {
+            container["statusContext"] = status_context;
+        }
+        json!({"metadata": {"name": name, "labels": labels},
+               "spec": {"podName": "pod6", "containers": [container], "strategy": {"failurePolicy": "Fail"}}})
+    };
+    for (name, context, message) in [
+        (
+            "no-context",
+            Value::Null,
+            "failed to find runtime service: no statusContext or empty containerID in app container",
+        ),
+        (
+            "foreign",
+            json!({"containerID": "docker://abc", "restartCount": 0}),
+            "failed to find runtime service: not found runtime service for docker in daemon",
+        ),
+    ] {
+        cluster
+            .api
+            .create_unchecked(Resource::Crr, NAMESPACE, raw(name, context))
+            .unwrap();
+        let done = cluster.completed(name, Duration::from_secs(10)).await;
+        assert_eq!(done["status"]["message"], message);
+    }
+    // A CRR for a Pod on another node is not ours: it is never touched.
+    let on_b = cluster
+        .api
+        .create(
+            Resource::Pod,
+            NAMESPACE,
+            json!({"metadata": {"name": "pod-on-b"}, "spec": {"nodeName": "node-b"}}),
+        )
+        .unwrap();
+    let other = json!({"metadata": {"name": "elsewhere", "labels": {"crr.apps.kruise.io/node-name": "node-b",
+                        "crr.apps.kruise.io/active": "true", "crr.apps.kruise.io/pod-uid": on_b["metadata"]["uid"]}},
+                       "spec": {"podName": "pod-on-b", "containers": [{"name": "app",
+                        "statusContext": {"containerID": "containerd://x", "restartCount": 0}}]}});
+    cluster
+        .api
+        .create_unchecked(Resource::Crr, NAMESPACE, other)
+        .unwrap();
+    // Meanwhile a good CRR of this node completes as usual.
+    cluster.create("good", "pod6", &["app"], Value::Null, json!({}));
+    cluster.completed("good", Duration::from_secs(60)).await;
+    assert!(
+        cluster.crr("elsewhere").unwrap()["status"].is_null(),
+        "a CRR of another node was touched"
+    );
+}

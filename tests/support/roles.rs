@@ -1,0 +1,883 @@
+//! The two roles the agent works with, written once for every test:
+//!
+//! - [`Kubelet`]: runs Pods on the real containerd, reports their status to
+//!   the fake API server, and restarts a container that exited (attempt + 1,
+//!   same labels and annotations), as kubelet does.
+//! - [`KruiseManager`]: kruise's CRR webhook (labels, statusContext,
+//!   defaults, refusals) and controller (sync-container-statuses, the
+//!   unready stamp and KruisePodReady, deadline, "pod has gone", completion
+//!   cleanup: readiness, finalizer, active label, TTL), as
+//!   `shared/research/crr-semantics.md` §2.1–§2.2 describe them.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crr_proxy::cri::RuntimeClient;
+use crr_proxy::cri::v1::{
+    ContainerFilter, ContainerState, ListContainersRequest, PodSandboxConfig,
+};
+use crr_proxy::kill::keys;
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+
+use super::apiserver::{ApiError, FakeApiServer, Operation, Resource, Selector, now};
+use super::pods;
+
+pub const NAMESPACE: &str = "default";
+pub const KRUISE_POD_READY: &str = "KruisePodReady";
+const UNREADY_FINALIZER: &str = "crr.apps.kruise.io/unready-acquired";
+const LABEL_POD_UID: &str = "crr.apps.kruise.io/pod-uid";
+const LABEL_NODE: &str = "crr.apps.kruise.io/node-name";
+const LABEL_ACTIVE: &str = "crr.apps.kruise.io/active";
+const SYNC_ANNOTATION: &str = "crr.apps.kruise.io/sync-container-statuses";
+const UNREADY_ANNOTATION: &str = "crr.apps.kruise.io/unready-acquired";
+
+/// One container of a test Pod.
+#[derive(Clone, Debug)]
+pub struct ContainerSpec {
+    pub name: String,
+    pub command: Vec<String>,
+    /// The Pod spec's `lifecycle.preStop` (JSON LifecycleHandler).
+    pub pre_stop: Option<Value>,
+    /// How long a postStart hook keeps the container from being ready.
+    pub post_start: Duration,
+}
+
+impl ContainerSpec {
+    /// A container that exits 0 on SIGTERM.
+    pub fn graceful(name: &str) -> Self {
+        Self {
+            name: name.into(),
+            command: [
+                "sh",
+                "-c",
+                "trap 'exit 0' TERM; while :; do sleep 0.1; done",
+            ]
+            .map(String::from)
+            .to_vec(),
+            pre_stop: None,
+            post_start: Duration::ZERO,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct PodSpec {
+    pub name: String,
+    pub containers: Vec<ContainerSpec>,
+    pub termination_grace_period: i64,
+    /// Has the `KruisePodReady` readiness gate (as Kruise workloads' Pods do).
+    pub readiness_gate: bool,
+}
+
+impl PodSpec {
+    pub fn new(name: &str, containers: Vec<ContainerSpec>) -> Self {
+        Self {
+            name: name.into(),
+            containers,
+            termination_grace_period: 30,
+            readiness_gate: true,
+        }
+    }
+}
+
+struct ContainerRun {
+    spec: ContainerSpec,
+    /// Runtime ID of the current instance.
+    id: String,
+    attempt: u32,
+    started_at: String,
+    ready_at: tokio::time::Instant,
+    last_terminated: Option<Value>,
+}
+
+struct PodRun {
+    spec: PodSpec,
+    uid: String,
+    sandbox_id: String,
+    sandbox: PodSandboxConfig,
+    containers: Vec<ContainerRun>,
+}
+
+/// kubelet, for the Pods of one node.
+pub struct Kubelet {
+    pub node: String,
+    api: FakeApiServer,
+    cri: RuntimeClient,
+    log_dir: PathBuf,
+    pods: Arc<tokio::sync::Mutex<Vec<PodRun>>>,
+    task: JoinHandle<()>,
+}
+
+impl Kubelet {
+    pub async fn start(
+        api: &FakeApiServer,
+        cri: RuntimeClient,
+        node: &str,
+        log_dir: PathBuf,
+    ) -> Self {
+        let _ = api.create(
+            Resource::Node,
+            "",
+            json!({"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}}}),
+        );
+        let pods: Arc<tokio::sync::Mutex<Vec<PodRun>>> = Arc::default();
+        let task = tokio::spawn({
+            let (api, cri, pods) = (api.clone(), cri.clone(), Arc::clone(&pods));
+            async move {
+                loop {
+                    {
+                        let mut pods = pods.lock().await;
+                        for pod in pods.iter_mut() {
+                            restart_exited(&cri, pod).await;
+                            report(&api, pod);
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        });
+        Self {
+            node: node.into(),
+            api: api.clone(),
+            cri,
+            log_dir,
+            pods,
+            task,
+        }
+    }
+
+    /// Creates the Pod object, runs it, and waits until it is Ready.
+    pub async fn run_pod(&self, spec: PodSpec) -> Value {
+        let containers: Vec<Value> = spec
+            .containers
+            .iter()
+            .map(|c| {
+                let mut container = json!({"name": c.name, "image": super::images::BUSYBOX_IMAGE, "command": c.command});
+                if let Some(pre_stop) = &c.pre_stop {
+                    container["lifecycle"] = json!({"preStop": pre_stop});
+                }
+                container
+            })
+            .collect();
+        let mut pod_spec = json!({
+            "nodeName": self.node,
+            "terminationGracePeriodSeconds": spec.termination_grace_period,
+            "containers": containers,
+        });
+        if spec.readiness_gate {
+            pod_spec["readinessGates"] = json!([{"conditionType": KRUISE_POD_READY}]);
+        }
+        let pod = self
+            .api
+            .create(
+                Resource::Pod,
+                NAMESPACE,
+                json!({"metadata": {"name": spec.name}, "spec": pod_spec}),
+            )
+            .expect("create Pod");
+        let uid = pod["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if spec.readiness_gate {
+            // Kruise's workload controllers start Pods with the gate passed.
+            let conditions = json!({"status": {"conditions": [
+                {"type": KRUISE_POD_READY, "status": "True", "lastTransitionTime": now()}]}});
+            self.api
+                .patch(Resource::Pod, NAMESPACE, &spec.name, &conditions, true)
+                .expect("set KruisePodReady");
+        }
+
+        let mut cri = self.cri.clone();
+        let mut sandbox = pods::sandbox_config(&spec.name, &self.log_dir);
+        if let Some(meta) = sandbox.metadata.as_mut() {
+            meta.uid = uid.clone();
+        }
+        sandbox.labels.insert(keys::POD_UID.into(), uid.clone());
+        let sandbox_id = cri
+            .run_pod_sandbox(crr_proxy::cri::v1::RunPodSandboxRequest {
+                config: Some(sandbox.clone()),
+                runtime_handler: String::new(),
+            })
+            .await
+            .expect("RunPodSandbox")
+            .into_inner()
+            .pod_sandbox_id;
+        let mut run = PodRun {
+            spec: spec.clone(),
+            uid,
+            sandbox_id,
+            sandbox,
+            containers: Vec::new(),
+        };
+        for container in &spec.containers {
+            let started = start(&self.cri, &run, container, 0)
+                .await
+                .expect("start container");
+            run.containers.push(started);
+        }
+        report(&self.api, &run);
+        self.pods.lock().await.push(run);
+        self.wait_ready(&spec.name).await
+    }
+
+    pub async fn wait_ready(&self, pod: &str) -> Value {
+        wait_for(Duration::from_secs(30), || {
+            self.api
+                .get(Resource::Pod, NAMESPACE, pod)
+                .filter(|p| condition(p, "Ready").as_deref() == Some("True"))
+        })
+        .await
+        .unwrap_or_else(|| panic!("Pod {pod} did not become Ready"))
+    }
+}
+
+impl Drop for Kubelet {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Starts one instance of a container, with kubelet's labels and annotations.
+async fn start(
+    cri: &RuntimeClient,
+    pod: &PodRun,
+    spec: &ContainerSpec,
+    attempt: u32,
+) -> anyhow::Result<ContainerRun> {
+    let command: Vec<&str> = spec.command.iter().map(String::as_str).collect();
+    let mut config = pods::container_config(&pod.sandbox, &spec.name, attempt, &command);
+    config.annotations.insert(
+        keys::TERMINATION_GRACE_PERIOD.into(),
+        pod.spec.termination_grace_period.to_string(),
+    );
+    if let Some(pre_stop) = &spec.pre_stop {
+        config
+            .annotations
+            .insert(keys::PRE_STOP_HANDLER.into(), pre_stop.to_string());
+    }
+    pods::own_pid_namespace(&mut config);
+    let mut cri = cri.clone();
+    let id = pods::start(&mut cri, &pod.sandbox_id, &pod.sandbox, config).await?;
+    let status = cri
+        .container_status(crr_proxy::cri::v1::ContainerStatusRequest {
+            container_id: id.clone(),
+            verbose: false,
+        })
+        .await?
+        .into_inner()
+        .status
+        .unwrap_or_default();
+    Ok(ContainerRun {
+        spec: spec.clone(),
+        id,
+        attempt,
+        started_at: rfc3339(status.started_at),
+        ready_at: tokio::time::Instant::now() + spec.post_start,
+        last_terminated: None,
+    })
+}
+
+/// kubelet's restart: an exited container is started again, attempt + 1.
+async fn restart_exited(cri: &RuntimeClient, pod: &mut PodRun) {
+    for i in 0..pod.containers.len() {
+        let mut client = cri.clone();
+        let current = &pod.containers[i];
+        let Ok(status) = client
+            .container_status(crr_proxy::cri::v1::ContainerStatusRequest {
+                container_id: current.id.clone(),
+                verbose: false,
+            })
+            .await
+        else {
+            continue;
+        };
+        let Some(status) = status.into_inner().status else {
+            continue;
+        };
+        if status.state() != ContainerState::ContainerExited {
+            continue;
+        }
+        let terminated = json!({
+            "exitCode": status.exit_code,
+            "reason": status.reason,
+            "startedAt": rfc3339(status.started_at),
+            "finishedAt": rfc3339(status.finished_at),
+            "containerID": format!("containerd://{}", status.id),
+        });
+        let spec = current.spec.clone();
+        let attempt = current.attempt + 1;
+        // A failed restart (the runtime going away at teardown) is retried
+        // on the next pass, as kubelet's sync loop does.
+        if let Ok(mut next) = start(cri, pod, &spec, attempt).await {
+            next.last_terminated = Some(terminated);
+            pod.containers[i] = next;
+        }
+    }
+}
+
+/// Writes the Pod's status as kubelet's status manager would.
+fn report(api: &FakeApiServer, pod: &PodRun) {
+    let Some(current) = api.get(Resource::Pod, NAMESPACE, &pod.spec.name) else {
+        return;
+    };
+    let now = tokio::time::Instant::now();
+    let statuses: Vec<Value> = pod
+        .containers
+        .iter()
+        .map(|c| {
+            let mut status = json!({
+                "name": c.spec.name,
+                "containerID": format!("containerd://{}", c.id),
+                "image": super::images::BUSYBOX_IMAGE,
+                "imageID": "",
+                "restartCount": c.attempt,
+                "ready": now >= c.ready_at,
+                "started": true,
+                "state": {"running": {"startedAt": c.started_at}},
+            });
+            if let Some(terminated) = &c.last_terminated {
+                status["lastState"] = json!({"terminated": terminated});
+            }
+            status
+        })
+        .collect();
+    let containers_ready = statuses.iter().all(|s| s["ready"] == json!(true));
+    let gates_ready = !pod.spec.readiness_gate
+        || condition(&current, KRUISE_POD_READY).as_deref() == Some("True");
+    let ready = if containers_ready && gates_ready {
+        "True"
+    } else {
+        "False"
+    };
+    let mut conditions: Vec<Value> = current
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| !matches!(c["type"].as_str(), Some("Ready" | "ContainersReady")))
+        .collect();
+    let transition = |kind: &str, status: &str| {
+        let old = condition(&current, kind);
+        let at = if old.as_deref() == Some(status) {
+            current
+                .pointer("/status/conditions")
+                .and_then(Value::as_array)
+                .and_then(|cs| cs.iter().find(|c| c["type"] == kind))
+                .map(|c| c["lastTransitionTime"].clone())
+                .unwrap_or(json!(now_string()))
+        } else {
+            json!(now_string())
+        };
+        json!({"type": kind, "status": status, "lastTransitionTime": at})
+    };
+    conditions.push(transition(
+        "ContainersReady",
+        if containers_ready { "True" } else { "False" },
+    ));
+    let mut ready_condition = transition("Ready", ready);
+    if containers_ready && !gates_ready {
+        ready_condition["reason"] = json!("ReadinessGatesNotReady");
+    }
+    conditions.push(ready_condition);
+    let status = json!({"status": {"phase": "Running", "containerStatuses": statuses, "conditions": conditions}});
+    let _ = api.patch(Resource::Pod, NAMESPACE, &pod.spec.name, &status, true);
+}
+
+fn now_string() -> String {
+    now()
+}
+
+/// CRI nanoseconds to RFC 3339 at whole seconds (metav1.Time).
+pub fn rfc3339(nanos: i64) -> String {
+    k8s_openapi::jiff::Timestamp::from_nanosecond(i128::from(nanos))
+        .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+        .unwrap_or_default()
+}
+
+/// The status of a Pod condition.
+pub fn condition(pod: &Value, kind: &str) -> Option<String> {
+    pod.pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)
+        .and_then(|c| c["status"].as_str())
+        .map(str::to_owned)
+}
+
+/// Polls `check` every 50 ms until it returns something or `limit` passes.
+pub async fn wait_for<T>(limit: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(found) = check() {
+            return Some(found);
+        }
+        if tokio::time::Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A CRI container of a Pod by name, newest instance (for assertions).
+pub async fn runtime_containers(
+    cri: &RuntimeClient,
+    pod_uid: &str,
+) -> Vec<(String, u32, ContainerState)> {
+    let mut cri = cri.clone();
+    let listed = cri
+        .list_containers(ListContainersRequest {
+            filter: Some(ContainerFilter {
+                label_selector: HashMap::from([(keys::POD_UID.to_owned(), pod_uid.to_owned())]),
+                ..Default::default()
+            }),
+        })
+        .await
+        .expect("ListContainers")
+        .into_inner()
+        .containers;
+    listed
+        .into_iter()
+        .map(|c| {
+            let state = c.state();
+            let meta = c.metadata.unwrap_or_default();
+            (meta.name, meta.attempt, state)
+        })
+        .collect()
+}
+
+// === kruise-manager ===
+
+/// kruise-manager's CRR webhook and controller.
+pub struct KruiseManager {
+    task: JoinHandle<()>,
+}
+
+impl KruiseManager {
+    pub fn start(api: &FakeApiServer) -> Self {
+        api.add_admission(Arc::new(webhook));
+        let api = api.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                for crr in api.list(Resource::Crr, None, &Selector::default()) {
+                    reconcile(&api, &crr);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        Self { task }
+    }
+}
+
+impl Drop for KruiseManager {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn bad_request(message: impl Into<String>) -> ApiError {
+    ApiError::new(400, "BadRequest", message)
+}
+
+fn forbidden(message: impl Into<String>) -> ApiError {
+    ApiError::new(403, "Forbidden", message)
+}
+
+/// The mutating webhook (§2.1).
+fn webhook(
+    operation: Operation,
+    resource: Resource,
+    crr: &mut Value,
+    old: Option<&Value>,
+    store: &super::apiserver::Store,
+) -> Result<(), ApiError> {
+    if resource != Resource::Crr {
+        return Ok(());
+    }
+    if operation == Operation::Update {
+        let old = old.cloned().unwrap_or_default();
+        if crr["spec"] != old["spec"] {
+            return Err(forbidden("spec of ContainerRecreateRequest is immutable"));
+        }
+        for key in [LABEL_POD_UID, LABEL_NODE] {
+            if crr["metadata"]["labels"][key] != old["metadata"]["labels"][key] {
+                return Err(forbidden(format!(
+                    "not allowed to update immutable label {key}"
+                )));
+            }
+        }
+        let stamp = old["metadata"]["annotations"][UNREADY_ANNOTATION]
+            .as_str()
+            .unwrap_or("");
+        if !stamp.is_empty()
+            && crr["metadata"]["annotations"][UNREADY_ANNOTATION]
+                != old["metadata"]["annotations"][UNREADY_ANNOTATION]
+        {
+            return Err(forbidden(format!(
+                "not allowed to update immutable annotation {UNREADY_ANNOTATION}"
+            )));
+        }
+        return Ok(());
+    }
+    if !crr["metadata"]["labels"].is_object() {
+        crr["metadata"]["labels"] = json!({});
+    }
+    let pod_name = crr["spec"]["podName"].as_str().unwrap_or("").to_owned();
+    if pod_name.is_empty() {
+        return Err(bad_request("podName can not be empty"));
+    }
+    if crr["spec"]["strategy"].is_null() {
+        crr["spec"]["strategy"] = json!({});
+    }
+    crr["metadata"]["labels"][LABEL_ACTIVE] = json!("true");
+    let containers = crr["spec"]["containers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if containers.is_empty() {
+        return Err(bad_request("containers list can not be null"));
+    }
+    if crr["spec"]["activeDeadlineSeconds"]
+        .as_i64()
+        .is_some_and(|d| d < 3)
+    {
+        return Err(bad_request("activeDeadlineSeconds can not be less than 3s"));
+    }
+    let strategy = &crr["spec"]["strategy"];
+    if strategy["terminationGracePeriodSeconds"]
+        .as_i64()
+        .is_some_and(|v| v < 0)
+    {
+        return Err(bad_request(
+            "terminationGracePeriodSeconds must be non-negative integer",
+        ));
+    }
+    if strategy["unreadyGracePeriodSeconds"]
+        .as_i64()
+        .is_some_and(|v| v < 0)
+    {
+        return Err(bad_request(
+            "unreadyGracePeriodSeconds must be non-negative integer",
+        ));
+    }
+    match strategy["failurePolicy"].as_str().unwrap_or("") {
+        "" => crr["spec"]["strategy"]["failurePolicy"] = json!("Fail"),
+        "Fail" | "Ignore" => {}
+        other => return Err(bad_request(format!("unknown failurePolicy {other}"))),
+    }
+    let namespace = crr["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or(NAMESPACE)
+        .to_owned();
+    let pod = store
+        .get(Resource::Pod, &namespace, &pod_name)
+        .cloned()
+        .ok_or_else(|| bad_request(format!("no found Pod named {pod_name}")))?;
+    let phase = pod["status"]["phase"].as_str().unwrap_or("");
+    if matches!(phase, "Succeeded" | "Failed") || pod["metadata"]["deletionTimestamp"].is_string() {
+        return Err(bad_request(
+            "not allowed to recreate containers in an inactive Pod",
+        ));
+    }
+    let node = pod["spec"]["nodeName"].as_str().unwrap_or("").to_owned();
+    if node.is_empty() {
+        return Err(bad_request(
+            "not allowed to recreate containers in a pending Pod",
+        ));
+    }
+    if store.get(Resource::Node, "", &node).is_none() {
+        return Err(bad_request(format!("failed to get Node {node}")));
+    }
+    crr["metadata"]["labels"][LABEL_NODE] = json!(node);
+    crr["metadata"]["labels"][LABEL_POD_UID] = pod["metadata"]["uid"].clone();
+    if crr["spec"]["strategy"]["terminationGracePeriodSeconds"].is_null() {
+        crr["spec"]["strategy"]["terminationGracePeriodSeconds"] =
+            pod["spec"]["terminationGracePeriodSeconds"].clone();
+    }
+    let mut seen = Vec::new();
+    let mut mutated = Vec::new();
+    for mut container in containers {
+        let name = container["name"].as_str().unwrap_or("").to_owned();
+        if seen.contains(&name) {
+            return Err(bad_request(format!("can not recreate {name} multi times")));
+        }
+        seen.push(name.clone());
+        if !container["preStop"].is_null()
+            || !container["ports"].is_null()
+            || !container["statusContext"].is_null()
+        {
+            return Err(bad_request(
+                "preStop, ports, statusContext in container are ready-only fields",
+            ));
+        }
+        let find = |list: &str| {
+            pod["spec"][list]
+                .as_array()
+                .and_then(|cs| cs.iter().find(|c| c["name"] == name.as_str()).cloned())
+        };
+        let spec = find("initContainers")
+            .or_else(|| find("containers"))
+            .ok_or_else(|| bad_request(format!("container {name} not found in Pod")))?;
+        let status = pod["status"]["containerStatuses"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["name"] == name.as_str()).cloned())
+            .ok_or_else(|| {
+                bad_request(format!("not found {name} containerStatus in Pod Status"))
+            })?;
+        let id = status["containerID"].as_str().unwrap_or("");
+        if id.is_empty() {
+            return Err(bad_request(format!(
+                "no containerID in {name} containerStatus, maybe the container has not been initialized"
+            )));
+        }
+        let pre_stop = &spec["lifecycle"]["preStop"];
+        if pre_stop.is_object() {
+            let mut copied = json!({});
+            for action in ["exec", "httpGet", "tcpSocket"] {
+                if !pre_stop[action].is_null() {
+                    copied[action] = pre_stop[action].clone();
+                }
+            }
+            if copied.as_object().is_some_and(|c| !c.is_empty()) || pre_stop["sleep"].is_object() {
+                container["preStop"] = copied;
+            }
+            if !pre_stop["httpGet"].is_null() && !spec["ports"].is_null() {
+                container["ports"] = spec["ports"].clone();
+            }
+        }
+        container["statusContext"] =
+            json!({"containerID": id, "restartCount": status["restartCount"]});
+        mutated.push(container);
+    }
+    crr["spec"]["containers"] = json!(mutated);
+    Ok(())
+}
+
+fn crr_key(crr: &Value) -> (String, String) {
+    (
+        crr["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        crr["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+    )
+}
+
+fn seconds_since(stamp: &Value) -> i64 {
+    let Some(at) = stamp
+        .as_str()
+        .and_then(|s| s.parse::<k8s_openapi::jiff::Timestamp>().ok())
+    else {
+        return 0;
+    };
+    k8s_openapi::jiff::Timestamp::now().as_second() - at.as_second()
+}
+
+fn complete(api: &FakeApiServer, crr: &Value, message: &str) {
+    let (ns, name) = crr_key(crr);
+    let mut next = crr.clone();
+    next["status"]["phase"] = json!("Completed");
+    next["status"]["completionTime"] = json!(now());
+    next["status"]["message"] = json!(message);
+    let _ = api.update(Resource::Crr, &ns, &name, next, true);
+}
+
+/// The manager's reconcile of one CRR (§2.2).
+fn reconcile(api: &FakeApiServer, crr: &Value) {
+    let (ns, name) = crr_key(crr);
+    let pod_name = crr["spec"]["podName"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let pod = api.get(Resource::Pod, &ns, &pod_name);
+    let finished = crr["metadata"]["deletionTimestamp"].is_string()
+        || crr["status"]["completionTime"].is_string();
+    if finished {
+        let finalizers = crr["metadata"]["finalizers"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if finalizers.iter().any(|f| f == UNREADY_FINALIZER) {
+            if let Some(pod) = pod
+                .as_ref()
+                .filter(|p| !p["metadata"]["deletionTimestamp"].is_string())
+            {
+                set_not_ready_key(api, pod, &format!("{ns}/{name}"), false);
+            }
+            let rest: Vec<Value> = finalizers
+                .into_iter()
+                .filter(|f| f != UNREADY_FINALIZER)
+                .collect();
+            let _ = api.patch(
+                Resource::Crr,
+                &ns,
+                &name,
+                &json!({"metadata": {"finalizers": rest}}),
+                false,
+            );
+            return;
+        }
+        if crr["metadata"]["deletionTimestamp"].is_string() {
+            return;
+        }
+        if crr["metadata"]["labels"][LABEL_ACTIVE].is_string() {
+            let patch = json!({"metadata": {"labels": {LABEL_ACTIVE: null}}});
+            let _ = api.patch(Resource::Crr, &ns, &name, &patch, false);
+            return;
+        }
+        if let Some(ttl) = crr["spec"]["ttlSecondsAfterFinished"].as_i64() {
+            if seconds_since(&crr["status"]["completionTime"]) >= ttl {
+                let _ = api.delete(Resource::Crr, &ns, &name);
+            }
+        }
+        return;
+    }
+    let pod_gone = match &pod {
+        None => true,
+        Some(pod) => {
+            pod["metadata"]["deletionTimestamp"].is_string()
+                || pod["metadata"]["uid"] != crr["metadata"]["labels"][LABEL_POD_UID]
+        }
+    };
+    if pod_gone {
+        complete(api, crr, "pod has gone");
+        return;
+    }
+    let Some(pod) = pod else { return };
+    let phase = crr["status"]["phase"].as_str().unwrap_or("");
+    let age = seconds_since(&crr["metadata"]["creationTimestamp"]);
+    if phase.is_empty() && age > 60 {
+        complete(api, crr, "daemon has not responded for a long time");
+        return;
+    }
+    if let Some(deadline) = crr["spec"]["activeDeadlineSeconds"].as_i64() {
+        if age >= deadline {
+            complete(
+                api,
+                crr,
+                "recreating has exceeded the activeDeadlineSeconds",
+            );
+            return;
+        }
+    }
+    if phase != "Recreating" {
+        return;
+    }
+    sync_container_statuses(api, crr, &pod);
+    let unready = &crr["spec"]["strategy"]["unreadyGracePeriodSeconds"];
+    let stamp = crr["metadata"]["annotations"][UNREADY_ANNOTATION]
+        .as_str()
+        .unwrap_or("");
+    if !unready.is_null() && stamp.is_empty() {
+        let gated = pod["spec"]["readinessGates"]
+            .as_array()
+            .is_some_and(|gates| gates.iter().any(|g| g["conditionType"] == KRUISE_POD_READY));
+        if gated {
+            let mut finalizers = crr["metadata"]["finalizers"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            if !finalizers.iter().any(|f| f == UNREADY_FINALIZER) {
+                finalizers.push(json!(UNREADY_FINALIZER));
+                let patch = json!({"metadata": {"finalizers": finalizers}});
+                if api.patch(Resource::Crr, &ns, &name, &patch, false).is_err() {
+                    return;
+                }
+            }
+            set_not_ready_key(api, &pod, &format!("{ns}/{name}"), true);
+        }
+        let patch = json!({"metadata": {"annotations": {UNREADY_ANNOTATION: now()}}});
+        let _ = api.patch(Resource::Crr, &ns, &name, &patch, false);
+    }
+}
+
+/// §1.7: the CRR's containers that run in the Pod since the CRR was created.
+fn sync_container_statuses(api: &FakeApiServer, crr: &Value, pod: &Value) {
+    let (ns, name) = crr_key(crr);
+    let created = seconds_since(&crr["metadata"]["creationTimestamp"]);
+    let wanted: Vec<&str> = crr["spec"]["containers"]
+        .as_array()
+        .map(|cs| cs.iter().filter_map(|c| c["name"].as_str()).collect())
+        .unwrap_or_default();
+    let mut synced = Vec::new();
+    for status in pod["status"]["containerStatuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let Some(name) = status["name"].as_str().filter(|n| wanted.contains(n)) else {
+            continue;
+        };
+        let started = &status["state"]["running"]["startedAt"];
+        // Started at or after the CRR's creation (whole seconds, one clock here).
+        if !started.is_string() || seconds_since(started) > created {
+            continue;
+        }
+        let mut entry =
+            json!({"name": name, "ready": status["ready"], "restartCount": status["restartCount"]});
+        if let Some(id) = status["containerID"].as_str().filter(|id| !id.is_empty()) {
+            entry["containerID"] = json!(id);
+        }
+        synced.push(entry);
+    }
+    let text = Value::Array(synced).to_string();
+    if crr["metadata"]["annotations"][SYNC_ANNOTATION].as_str() != Some(text.as_str()) {
+        let patch = json!({"metadata": {"annotations": {SYNC_ANNOTATION: text}}});
+        let _ = api.patch(Resource::Crr, &ns, &name, &patch, false);
+    }
+}
+
+/// §1.8: adds or removes this CRR's key in the KruisePodReady condition.
+fn set_not_ready_key(api: &FakeApiServer, pod: &Value, key: &str, add: bool) {
+    let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+    let ns = pod["metadata"]["namespace"].as_str().unwrap_or(NAMESPACE);
+    let mut conditions = pod["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let index = conditions
+        .iter()
+        .position(|c| c["type"] == KRUISE_POD_READY);
+    let mut keys: Vec<Value> = index
+        .and_then(|i| conditions[i]["message"].as_str().map(str::to_owned))
+        .and_then(|m| serde_json::from_str(&m).ok())
+        .unwrap_or_default();
+    keys.retain(|k| k["key"] != key);
+    if add {
+        keys.push(json!({"userAgent": "ContainerRecreateRequest", "key": key}));
+    }
+    keys.sort_by_key(|k| (k["userAgent"].to_string(), k["key"].to_string()));
+    let status = if keys.is_empty() { "True" } else { "False" };
+    // Go's field order (userAgent, key), which a JSON map would not keep.
+    let entries: Vec<String> = keys
+        .iter()
+        .map(|k| format!(r#"{{"userAgent":{},"key":{}}}"#, k["userAgent"], k["key"]))
+        .collect();
+    let message = format!("[{}]", entries.join(","));
+    let condition = json!({"type": KRUISE_POD_READY, "status": status,
+                           "message": message, "lastTransitionTime": now()});
+    match index {
+        Some(i) => conditions[i] = condition,
+        None => conditions.push(condition),
+    }
+    if !add {
+        // With no keys left the message is dropped.
+        if let Some(i) = conditions
+            .iter()
+            .position(|c| c["type"] == KRUISE_POD_READY)
+        {
+            if conditions[i]["status"] == "True" {
+                conditions[i]["message"] = json!("");
+            }
+        }
+    }
+    let patch = json!({"status": {"conditions": conditions}});
+    let _ = api.patch(Resource::Pod, ns, name, &patch, true);
+}
