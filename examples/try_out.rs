@@ -29,6 +29,8 @@ async fn main() -> anyhow::Result<()> {
             runtime: ctrd.endpoint(),
             image: None,
         },
+        agent: None,
+        metrics_addr: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let proxy = tokio::spawn(crr_proxy::run(config, async {

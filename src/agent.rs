@@ -16,6 +16,7 @@ use k8s_openapi::api::core::v1::{LifecycleHandler, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -23,8 +24,9 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 
+use crate::config::AgentSettings;
 use crate::cri::RuntimeClient;
 use crate::cri::v1::{
     ContainerFilter, ContainerState, ContainerStatusRequest, ListContainersRequest, VersionRequest,
@@ -35,6 +37,7 @@ use crate::crr::{
     SyncContainerStatus, annotations, labels,
 };
 use crate::kill::{self, HookResult, KillRequest, Killer};
+use crate::proxy::Endpoint;
 use queue::{Next, Queue};
 
 /// kruise-daemon runs 32 workers.
@@ -49,6 +52,10 @@ pub const REPORTER: &str = "crr-proxy";
 pub enum AgentError {
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+    #[error("kubeconfig: {0}")]
+    KubeConfig(String),
+    #[error("start the agent thread: {0}")]
+    Thread(#[source] std::io::Error),
     #[error("runtime {call}: {status}")]
     Runtime {
         call: &'static str,
@@ -82,6 +89,67 @@ struct Agent {
     /// Per CRR uid: the resourceVersion of our last write and when.
     expectations: Mutex<HashMap<String, (u64, Instant)>>,
     runtime_name: tokio::sync::OnceCell<String>,
+}
+
+/// Loads the Kubernetes client configuration (a bad kubeconfig fails here,
+/// at start-up) and runs the agent on a thread and runtime of its own.
+/// Reaching the API server is the agent's business alone: the proxy starts
+/// and serves whether or not it answers.
+pub async fn spawn(
+    settings: &AgentSettings,
+    runtime: &Endpoint,
+    synced: watch::Sender<bool>,
+) -> Result<(), AgentError> {
+    let config = match &settings.kubeconfig {
+        Some(path) => {
+            let kubeconfig = Kubeconfig::read_from(path)
+                .map_err(|e| AgentError::KubeConfig(format!("{}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| AgentError::KubeConfig(format!("{}: {e}", path.display())))?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| AgentError::KubeConfig(e.to_string()))?,
+    };
+    let node_name = settings.node_name.clone();
+    let endpoint = runtime.clone();
+    std::thread::Builder::new()
+        .name("crr-agent".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("crr-agent")
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(error) => {
+                    error!(%error, "cannot start the agent's runtime; the proxy goes on without it");
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let client = match kube::Client::try_from(config) {
+                    Ok(client) => client,
+                    Err(error) => {
+                        error!(%error, "cannot build the Kubernetes client; the proxy goes on without the agent");
+                        return;
+                    }
+                };
+                let cri = crate::cri::runtime_client(crate::cri::channel(&endpoint));
+                let killer = Killer::new(cri.clone(), None);
+                let config = AgentConfig {
+                    client,
+                    cri,
+                    killer,
+                    node_name,
+                };
+                run(config, synced, std::future::pending()).await;
+            });
+        })
+        .map_err(AgentError::Thread)?;
+    Ok(())
 }
 
 /// Runs the agent until `shutdown` resolves. `synced` turns true once the

@@ -52,7 +52,8 @@ pub struct RunArgs {
     #[arg(long, env = "CRR_PROXY_AGENT", value_enum, default_value_t = AgentMode::Off)]
     pub agent: AgentMode,
 
-    /// This node's name, as in the Pods' spec.nodeName (agent modes).
+    /// This node's name, as in the Pods' spec.nodeName (agent modes)
+    /// [default: the host name, as kubelet's].
     #[arg(long, env = "CRR_PROXY_NODE_NAME")]
     pub node_name: Option<String>,
 
@@ -60,8 +61,8 @@ pub struct RunArgs {
     #[arg(long, env = "CRR_PROXY_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
 
-    /// Address for /metrics, /healthz and /readyz (agent and observability
-    /// builds; not served yet).
+    /// Address for /healthz and /readyz (200 once the CRR watch has synced),
+    /// e.g. 127.0.0.1:10221. Unset: not served.
     #[arg(long, env = "CRR_PROXY_METRICS_ADDR")]
     pub metrics_addr: Option<SocketAddr>,
 
@@ -87,11 +88,11 @@ pub enum LogFormat {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
     #[error(
-        "--agent {0} is not available in this version of crr-proxy; run with --agent off (proxy only)"
+        "--agent {0} is not available in this version of crr-proxy; run with --agent off (proxy only) or --agent kruise"
     )]
     AgentUnavailable(&'static str),
-    #[error("--metrics-addr is not available in this version of crr-proxy; leave it unset")]
-    MetricsUnavailable,
+    #[error("--agent needs this node's name: set --node-name (CRR_PROXY_NODE_NAME)")]
+    NoNodeName,
 }
 
 /// A validated `run` configuration.
@@ -99,6 +100,16 @@ pub enum ConfigError {
 pub struct RunConfig {
     pub listen: PathBuf,
     pub routes: Routes,
+    pub agent: Option<AgentSettings>,
+    pub metrics_addr: Option<SocketAddr>,
+}
+
+/// What the CRR agent needs to start.
+#[derive(Debug, Clone)]
+pub struct AgentSettings {
+    pub node_name: String,
+    /// `None`: in-cluster service account, else `$KUBECONFIG` or `~/.kube/config`.
+    pub kubeconfig: Option<PathBuf>,
 }
 
 // === impl RunArgs ===
@@ -106,14 +117,22 @@ pub struct RunConfig {
 impl RunArgs {
     /// Checks the flags together and turns them into what `run` needs.
     pub fn validate(&self) -> Result<RunConfig, ConfigError> {
-        match self.agent {
-            AgentMode::Off => {}
-            AgentMode::Kruise => return Err(ConfigError::AgentUnavailable("kruise")),
+        let agent = match self.agent {
+            AgentMode::Off => None,
+            AgentMode::Kruise => {
+                let node_name = self
+                    .node_name
+                    .clone()
+                    .filter(|n| !n.trim().is_empty())
+                    .or_else(host_name)
+                    .ok_or(ConfigError::NoNodeName)?;
+                Some(AgentSettings {
+                    node_name,
+                    kubeconfig: self.kubeconfig.clone(),
+                })
+            }
             AgentMode::Standalone => return Err(ConfigError::AgentUnavailable("standalone")),
-        }
-        if self.metrics_addr.is_some() {
-            return Err(ConfigError::MetricsUnavailable);
-        }
+        };
         // Sending images to the same socket twice would only cost a second
         // connection; treat it as "not set".
         let image = self
@@ -126,8 +145,18 @@ impl RunArgs {
                 runtime: self.runtime_endpoint.clone(),
                 image,
             },
+            agent,
+            metrics_addr: self.metrics_addr,
         })
     }
+}
+
+/// The host name, lower-cased: kubelet's default node name.
+fn host_name() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|name| name.trim().to_lowercase())
+        .filter(|name| !name.is_empty())
 }
 
 #[cfg(test)]
@@ -181,12 +210,26 @@ mod tests {
     }
 
     #[test]
-    fn agent_modes_not_yet_built_fail_clearly() {
-        let run = parse(&["--agent", "kruise"]).unwrap();
+    fn standalone_mode_is_refused_until_it_lands() {
+        let run = parse(&["--agent", "standalone"]).unwrap();
         let err = run.validate().unwrap_err();
-        assert_eq!(err, ConfigError::AgentUnavailable("kruise"));
+        assert_eq!(err, ConfigError::AgentUnavailable("standalone"));
         assert!(err.to_string().contains("--agent off"));
         assert!(parse(&["--agent", "bogus"]).is_err());
+    }
+
+    #[test]
+    fn kruise_mode_takes_the_node_name_or_the_host_name() {
+        let run = parse(&["--agent", "kruise", "--node-name", "node-7"]).unwrap();
+        let agent = run.validate().unwrap().agent.unwrap();
+        assert_eq!(agent.node_name, "node-7");
+        assert!(agent.kubeconfig.is_none());
+        let run = parse(&["--agent", "kruise"]).unwrap();
+        assert_eq!(
+            run.validate().unwrap().agent.unwrap().node_name,
+            host_name().unwrap()
+        );
+        assert!(parse(&[]).unwrap().validate().unwrap().agent.is_none());
     }
 
     #[test]

@@ -1,14 +1,16 @@
 //! crr-proxy: a transparent CRI proxy between kubelet and the container
-//! runtime, and (in later versions) a node agent for OpenKruise's
-//! ContainerRecreateRequest.
+//! runtime, and a node agent for OpenKruise's ContainerRecreateRequest.
 //!
 //! - [`proxy`]: the raw HTTP/2 passthrough on a unix socket.
+//! - [`agent`]: the CRR node agent (`--agent kruise`).
+//! - [`admin`]: `/healthz` and `/readyz`.
 //! - [`cri`]: crr-proxy's own CRI client, generated from `proto/`.
 //! - [`kill`]: stops a container as kubelet does (preStop, then StopContainer).
 //! - [`crr`]: the ContainerRecreateRequest API and the agent's decision rules.
 //! - [`config`]: the command line.
 //! - [`telemetry`]: logging setup.
 
+pub mod admin;
 pub mod agent;
 pub mod config;
 pub mod cri;
@@ -21,11 +23,30 @@ use std::future::Future;
 
 use proxy::{ListenError, Listener, Proxy};
 
-/// Runs the daemon until `shutdown` resolves.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Listen(#[from] ListenError),
+    #[error(transparent)]
+    Admin(#[from] admin::AdminError),
+    #[error(transparent)]
+    Agent(#[from] agent::AgentError),
+}
+
+/// Runs the daemon until `shutdown` resolves: the proxy on this runtime, and
+/// the agent (when enabled) on its own thread, so that nothing it does can
+/// hold up a CRI call.
 pub async fn run(
     config: config::RunConfig,
     shutdown: impl Future<Output = ()>,
-) -> Result<(), ListenError> {
+) -> Result<(), RunError> {
+    let (synced, ready) = tokio::sync::watch::channel(config.agent.is_none());
+    if let Some(settings) = &config.agent {
+        agent::spawn(settings, &config.routes.runtime, synced).await?;
+    }
+    if let Some(addr) = config.metrics_addr {
+        admin::serve(addr, ready).await?;
+    }
     let listener = Listener::open(&config.listen)?;
     tracing::info!(
         runtime = %config.routes.runtime,

@@ -51,9 +51,7 @@ fn serve(config: crr_proxy::config::RunConfig) -> anyhow::Result<()> {
         .context("start the async runtime")?;
     runtime.block_on(async {
         let shutdown = shutdown_signal().context("install signal handlers")?;
-        crr_proxy::run(config, shutdown)
-            .await
-            .context("serve the CRI proxy socket")
+        crr_proxy::run(config, shutdown).await.context("serve")
     })
 }
 

@@ -52,24 +52,173 @@ fn version_and_help_name_every_flag() {
 }
 
 #[test]
-fn agent_modes_not_built_yet_fail_with_a_clear_message() {
-    for (how, mode) in [("flag", "kruise"), ("env", "standalone")] {
+fn standalone_mode_fails_with_a_clear_message_until_it_lands() {
+    for how in ["flag", "env"] {
         let mut cmd = crr_proxy();
         cmd.arg("run")
             .args(["--listen", "/nonexistent/never-bound.sock"]);
         match how {
-            "flag" => cmd.args(["--agent", mode]),
-            _ => cmd.env("CRR_PROXY_AGENT", mode),
+            "flag" => cmd.args(["--agent", "standalone"]),
+            _ => cmd.env("CRR_PROXY_AGENT", "standalone"),
         };
         let out = cmd.output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{how}");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
-            stderr.contains(&format!("--agent {mode} is not available")),
+            stderr.contains("--agent standalone is not available"),
             "{stderr}"
         );
         assert!(stderr.contains("--agent off"), "{stderr}");
     }
+}
+
+#[test]
+fn kruise_mode_without_a_kubeconfig_fails_at_start() {
+    let out = crr_proxy()
+        .args([
+            "run",
+            "--listen",
+            "/nonexistent/never-bound.sock",
+            "--agent",
+            "kruise",
+        ])
+        .args(["--kubeconfig", "/nonexistent/kubeconfig"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("kubeconfig: /nonexistent/kubeconfig"),
+        "{stderr}"
+    );
+}
+
+/// GET `path` on `addr` and return the status code.
+async fn probe(addr: &str, path: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
+        return 0;
+    };
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    answer
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0)
+}
+
+fn write_kubeconfig(path: &std::path::Path, server: &str) {
+    std::fs::write(
+        path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"{server}\"}}}}]\n\
+             users: [{{name: u, user: {{}}}}]\ncontexts: [{{name: c, context: {{cluster: fake, user: u}}}}]\n\
+             current-context: c\n"
+        ),
+    )
+    .unwrap();
+}
+
+fn free_addr() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("127.0.0.1:{port}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_api_server_the_proxy_serves_but_is_not_ready() {
+    let upstream = FakeUpstream::start();
+    let listen = support::temp_socket("no-api");
+    let kubeconfig = listen.with_file_name("kubeconfig");
+    // Nobody listens there.
+    write_kubeconfig(&kubeconfig, &format!("http://{}", free_addr()));
+    let addr = free_addr();
+    let mut child = crr_proxy()
+        .arg("run")
+        .args(["--listen", listen.to_str().unwrap()])
+        .args(["--runtime-endpoint", &upstream.endpoint().to_string()])
+        .args([
+            "--agent",
+            "kruise",
+            "--node-name",
+            "node-a",
+            "--metrics-addr",
+            &addr,
+        ])
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .spawn()
+        .unwrap();
+    support::wait_for_path(&listen);
+    let mut sender = raw::connect(&listen).await.unwrap();
+    let response = raw::send(&mut sender, raw::grpc_request(upstream::FIXED, &[], vec![]))
+        .await
+        .unwrap();
+    assert_eq!(
+        raw::record(response).await.unwrap().data,
+        upstream::fixed_body()
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(probe(&addr, "/healthz").await, 503);
+    assert_eq!(probe(&addr, "/readyz").await, 503);
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    assert!(child.wait().unwrap().success());
+    support::remove_socket_dir(&listen);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kruise_mode_serves_probes_once_the_crr_watch_has_synced() {
+    let api = support::apiserver::FakeApiServer::start().await;
+    let upstream = FakeUpstream::start();
+    let listen = support::temp_socket("agent");
+    let kubeconfig = listen.with_file_name("kubeconfig");
+    write_kubeconfig(&kubeconfig, &api.url);
+    let addr = free_addr();
+    let mut child = crr_proxy()
+        .arg("run")
+        .args(["--listen", listen.to_str().unwrap()])
+        .args(["--runtime-endpoint", &upstream.endpoint().to_string()])
+        .args([
+            "--agent",
+            "kruise",
+            "--node-name",
+            "node-a",
+            "--metrics-addr",
+            &addr,
+        ])
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .spawn()
+        .unwrap();
+    support::wait_for_path(&listen);
+    let mut healthy = 0;
+    for _ in 0..100 {
+        healthy = probe(&addr, "/healthz").await;
+        if healthy == 200 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(healthy, 200, "/healthz never became ready");
+    assert_eq!(probe(&addr, "/readyz").await, 200);
+    // The proxy serves alongside.
+    let mut sender = raw::connect(&listen).await.unwrap();
+    let response = raw::send(&mut sender, raw::grpc_request(upstream::FIXED, &[], vec![]))
+        .await
+        .unwrap();
+    assert_eq!(
+        raw::record(response).await.unwrap().data,
+        upstream::fixed_body()
+    );
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    assert!(child.wait().unwrap().success());
+    support::remove_socket_dir(&listen);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
