@@ -193,10 +193,10 @@ pub async fn run(
         let mut events = std::pin::pin!(events);
         while let Some(event) = events.next().await {
             match event {
+                // A finished CRR is queued too: its Pod's next CRR may go now
+                // (kruise only reacts to unfinished ones, #1626).
                 Ok(watcher::Event::Apply(crr) | watcher::Event::InitApply(crr)) => {
-                    if !is_finished(&crr) {
-                        agent.queue.add(pod_key(&crr));
-                    }
+                    agent.queue.add(pod_key(&crr))
                 }
                 Ok(watcher::Event::Delete(crr)) => {
                     // kruise forgets the Pod here, which leaves its next CRR

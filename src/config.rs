@@ -57,7 +57,7 @@ pub struct RunArgs {
     #[arg(long, env = "CRR_PROXY_NODE_NAME")]
     pub node_name: Option<String>,
 
-    /// kubeconfig for the agent [default: in-cluster or $KUBECONFIG].
+    /// kubeconfig for the agent [default: $KUBECONFIG, ~/.kube/config, then in-cluster].
     #[arg(long, env = "CRR_PROXY_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
 
@@ -108,7 +108,7 @@ pub struct RunConfig {
 #[derive(Debug, Clone)]
 pub struct AgentSettings {
     pub node_name: String,
-    /// `None`: in-cluster service account, else `$KUBECONFIG` or `~/.kube/config`.
+    /// `None`: `$KUBECONFIG` or `~/.kube/config`, else the in-cluster service account.
     pub kubeconfig: Option<PathBuf>,
 }
 

@@ -597,3 +597,32 @@ async fn bad_crrs_get_their_documented_outcome_and_delay_no_one() {
         "a CRR of another node was touched"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_watch_compacted_mid_recreate_relists_and_loses_nothing() {
+    let cluster = Cluster::new().await;
+    cluster
+        .kubelet
+        .run_pod(PodSpec::new(
+            "pod7",
+            vec![
+                ContainerSpec::graceful("app"),
+                ContainerSpec::graceful("sidecar"),
+            ],
+        ))
+        .await;
+    cluster.create("crr-7", "pod7", &["app", "sidecar"], Value::Null, json!({}));
+    wait_for(Duration::from_secs(10), || {
+        cluster
+            .crr("crr-7")
+            .filter(|c| c["status"]["phase"] == "Recreating")
+    })
+    .await
+    .expect("recreating");
+    // etcd compaction: the agent's watch ends and resuming answers 410 Gone.
+    cluster.api.compact();
+    let done = cluster.completed("crr-7", Duration::from_secs(60)).await;
+    let pod = cluster.kubelet.wait_ready("pod7").await;
+    // Each container was killed exactly once.
+    assert_recreated(&done, &pod, &["app", "sidecar"]);
+}
