@@ -158,16 +158,32 @@ fn inherited() -> Result<Option<UnixListener>, ListenError> {
 mod tests {
     use super::*;
 
-    fn scratch(name: &str) -> PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("crr-proxy-listener-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        dir.join("sub/proxy.sock")
+    /// A socket path two levels below a fresh directory, removed on drop.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(name: &str) -> Self {
+            let dir = std::env::temp_dir()
+                .join(format!("crr-proxy-listener-{}-{name}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            Self(dir)
+        }
+
+        fn socket(&self) -> PathBuf {
+            self.0.join("sub/proxy.sock")
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
 
     #[tokio::test]
     async fn binds_with_mode_0660_and_removes_its_file() {
-        let path = scratch("mode");
+        let scratch = Scratch::new("mode");
+        let path = scratch.socket();
         let (listener, file) = Listener::bind(&path).unwrap().into_parts();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o660);
@@ -178,7 +194,8 @@ mod tests {
 
     #[tokio::test]
     async fn replaces_a_stale_socket_but_not_a_live_one() {
-        let path = scratch("stale");
+        let scratch = Scratch::new("stale");
+        let path = scratch.socket();
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         // A socket file whose server is gone: bind, then drop the listener.
         drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
@@ -193,7 +210,8 @@ mod tests {
 
     #[tokio::test]
     async fn refuses_to_replace_a_regular_file() {
-        let path = scratch("file");
+        let scratch = Scratch::new("file");
+        let path = scratch.socket();
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, b"keep me").unwrap();
         assert!(matches!(
