@@ -5,6 +5,7 @@
 //! engine; kubelet restarts them.
 
 mod queue;
+mod standalone;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -70,6 +71,17 @@ pub struct AgentConfig {
     pub cri: RuntimeClient,
     pub killer: Killer,
     pub node_name: String,
+    pub mode: Mode,
+}
+
+/// Who else handles CRRs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Next to OpenKruise's webhook and kruise-manager.
+    Kruise,
+    /// Alone: crr-proxy also does the webhook's and the manager's part for
+    /// the CRRs of its node.
+    Standalone,
 }
 
 /// The work key: one Pod.
@@ -89,6 +101,8 @@ struct Agent {
     /// Per CRR uid: the resourceVersion of our last write and when.
     expectations: Mutex<HashMap<String, (u64, Instant)>>,
     runtime_name: tokio::sync::OnceCell<String>,
+    /// Standalone mode's extra watches.
+    standalone: Option<standalone::Parts>,
 }
 
 /// Loads the Kubernetes client configuration (a bad kubeconfig fails here,
@@ -113,6 +127,7 @@ pub async fn spawn(
             .map_err(|e| AgentError::KubeConfig(e.to_string()))?,
     };
     let node_name = settings.node_name.clone();
+    let mode = settings.mode;
     let endpoint = runtime.clone();
     std::thread::Builder::new()
         .name("crr-agent".into())
@@ -144,6 +159,7 @@ pub async fn spawn(
                     cri,
                     killer,
                     node_name,
+                    mode,
                 };
                 run(config, synced, std::future::pending()).await;
             });
@@ -152,8 +168,8 @@ pub async fn spawn(
     Ok(())
 }
 
-/// Runs the agent until `shutdown` resolves. `synced` turns true once the
-/// CRR watch has listed everything (readiness).
+/// Runs the agent until `shutdown` resolves. `synced` turns true once
+/// every watch has listed everything (readiness).
 pub async fn run(
     config: AgentConfig,
     synced: watch::Sender<bool>,
@@ -164,10 +180,11 @@ pub async fn run(
         cri,
         killer,
         node_name,
+        mode,
     } = config;
     let selector = format!("{}={node_name},{}=true", labels::NODE_NAME, labels::ACTIVE);
     let (store, writer) = reflector::store();
-    let events = watcher(
+    let active = watcher(
         Api::<ContainerRecreateRequest>::all(client.clone()),
         watcher::Config::default().labels(&selector),
     )
@@ -176,6 +193,13 @@ pub async fn run(
     let reporter = Reporter {
         controller: REPORTER.into(),
         instance: Some(node_name.clone()),
+    };
+    let (standalone, streams) = match mode {
+        Mode::Kruise => (None, None),
+        Mode::Standalone => {
+            let (parts, streams) = standalone::watches(&client, &node_name);
+            (Some(parts), Some(streams))
+        }
     };
     let agent = Arc::new(Agent {
         recorder: Recorder::new(client.clone(), reporter),
@@ -186,39 +210,105 @@ pub async fn run(
         queue: Queue::default(),
         expectations: Mutex::new(HashMap::new()),
         runtime_name: tokio::sync::OnceCell::new(),
+        standalone,
     });
-    info!(node = %node_name, %selector, "watching ContainerRecreateRequests");
+    info!(node = %node_name, %selector, ?mode, "watching ContainerRecreateRequests");
+    let gate = Arc::new(SyncGate::new(if streams.is_some() { 4 } else { 1 }, synced));
     let dispatcher = tokio::spawn(Arc::clone(&agent).dispatch());
-    let watch_loop = async {
-        let mut events = std::pin::pin!(events);
-        while let Some(event) = events.next().await {
-            match event {
-                // A finished CRR is queued too: its Pod's next CRR may go now
-                // (kruise only reacts to unfinished ones, #1626).
-                Ok(watcher::Event::Apply(crr) | watcher::Event::InitApply(crr)) => {
-                    agent.queue.add(pod_key(&crr))
-                }
-                Ok(watcher::Event::Delete(crr)) => {
-                    // kruise forgets the Pod here, which leaves its next CRR
-                    // Pending until something else touches it (#1626, #2474).
-                    agent.forget(&crr);
-                    agent.queue.add(pod_key(&crr));
-                }
-                Ok(watcher::Event::InitDone) => {
-                    let _ = synced.send(true);
-                }
-                Ok(watcher::Event::Init) => {}
-                // The watcher backs off and re-lists (410 Gone included); the
-                // reflector keeps the last state meanwhile.
-                Err(error) => warn!(%error, "CRR watch failed; retrying"),
+    let mut followers = vec![tokio::spawn(follow(
+        active,
+        "active CRRs",
+        Arc::clone(&agent),
+        Arc::clone(&gate),
+    ))];
+    if let Some(streams) = streams {
+        followers.extend(streams.spawn(&agent, &gate));
+    }
+    shutdown.await;
+    info!("agent stopping");
+    dispatcher.abort();
+    for follower in followers {
+        follower.abort();
+    }
+}
+
+/// Turns true once every watch has synced once.
+struct SyncGate {
+    waiting: Mutex<usize>,
+    synced: watch::Sender<bool>,
+}
+
+impl SyncGate {
+    fn new(watches: usize, synced: watch::Sender<bool>) -> Self {
+        Self {
+            waiting: Mutex::new(watches),
+            synced,
+        }
+    }
+
+    fn one_synced(&self) {
+        if let Ok(mut waiting) = self.waiting.lock() {
+            *waiting = waiting.saturating_sub(1);
+            if *waiting == 0 {
+                let _ = self.synced.send(true);
             }
         }
-    };
-    tokio::select! {
-        () = watch_loop => warn!("the CRR watch ended"),
-        () = shutdown => info!("agent stopping"),
     }
-    dispatcher.abort();
+}
+
+/// Something the agent watches: which Pod an object's change concerns.
+trait Watched {
+    fn pod_key(&self) -> Option<PodKey>;
+    /// Drop what the agent remembers of a deleted object.
+    fn forget(&self, _agent: &Agent) {}
+}
+
+impl Watched for ContainerRecreateRequest {
+    fn pod_key(&self) -> Option<PodKey> {
+        Some(pod_key(self))
+    }
+
+    fn forget(&self, agent: &Agent) {
+        agent.forget(self);
+    }
+}
+
+/// Feeds one watch into the queue. Every change, deletions and finished CRRs
+/// included, wakes its Pod: kruise ignores those, which leaves the Pod's
+/// next CRR Pending until something else touches it (#1626, #2474).
+async fn follow<K, S>(events: S, what: &'static str, agent: Arc<Agent>, gate: Arc<SyncGate>)
+where
+    K: Watched,
+    S: futures_util::Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+{
+    let mut events = std::pin::pin!(events);
+    let mut synced = false;
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) => {
+                if let Some(key) = obj.pod_key() {
+                    agent.queue.add(key);
+                }
+            }
+            Ok(watcher::Event::Delete(obj)) => {
+                obj.forget(&agent);
+                if let Some(key) = obj.pod_key() {
+                    agent.queue.add(key);
+                }
+            }
+            Ok(watcher::Event::InitDone) => {
+                if !synced {
+                    synced = true;
+                    gate.one_synced();
+                }
+            }
+            Ok(watcher::Event::Init) => {}
+            // The watcher backs off and re-lists (410 Gone included); the
+            // reflector keeps the last state meanwhile.
+            Err(error) => warn!(%error, what, "watch failed; retrying"),
+        }
+    }
+    warn!(what, "watch ended");
 }
 
 fn pod_key(crr: &ContainerRecreateRequest) -> PodKey {
@@ -282,8 +372,21 @@ impl Agent {
         }
     }
 
-    /// One pass over the CRRs of one Pod (kruise-daemon's `sync`).
+    /// One pass over the CRRs of one Pod: in standalone mode the manager's
+    /// part first, then the daemon's.
     async fn sync(&self, key: &PodKey) -> Result<Next, AgentError> {
+        let mut hint = Next::Done;
+        if let Some(parts) = &self.standalone {
+            match standalone::manage_pod(self, parts, key).await? {
+                standalone::Outcome::Wrote => return Ok(Next::Done),
+                standalone::Outcome::Continue(next) => hint = next,
+            }
+        }
+        Ok(self.daemon_sync(key).await?.sooner(hint))
+    }
+
+    /// kruise-daemon's `sync` for one Pod.
+    async fn daemon_sync(&self, key: &PodKey) -> Result<Next, AgentError> {
         let crrs: Vec<Arc<ContainerRecreateRequest>> = self
             .store
             .state()
@@ -339,7 +442,10 @@ impl Agent {
                 .and_then(|s| s.unready_grace_period_seconds)
             {
                 let Some(stamp) = crr.annotations().get(annotations::UNREADY_ACQUIRED) else {
-                    debug!("waiting for kruise-manager to make the Pod not ready");
+                    match &self.standalone {
+                        Some(parts) => standalone::acquire_unready(self, parts, crr).await?,
+                        None => debug!("waiting for kruise-manager to make the Pod not ready"),
+                    }
                     return Ok(Next::Done);
                 };
                 let acquired = match stamp.parse::<Timestamp>() {
@@ -380,14 +486,19 @@ impl Agent {
             .cloned()
             .unwrap_or_default();
         let containers = self.pod_containers(&pod_uid, runtime).await?;
-        let sync: HashMap<String, SyncContainerStatus> = crr
-            .annotations()
-            .get(annotations::SYNC_CONTAINER_STATUSES)
-            .and_then(|raw| serde_json::from_str::<Vec<SyncContainerStatus>>(raw).ok())
-            .unwrap_or_default()
-            .into_iter()
-            .map(|s| (s.name.clone(), s))
-            .collect();
+        // What kruise-manager reports of the Pod; in standalone mode, the
+        // Pod's own status.
+        let sync: HashMap<String, SyncContainerStatus> = match &self.standalone {
+            Some(parts) => parts.sync_statuses(&pod_key(crr)),
+            None => crr
+                .annotations()
+                .get(annotations::SYNC_CONTAINER_STATUSES)
+                .and_then(|raw| serde_json::from_str::<Vec<SyncContainerStatus>>(raw).ok())
+                .unwrap_or_default()
+                .into_iter()
+                .map(|s| (s.name.clone(), s))
+                .collect(),
+        };
         let previous = crr
             .status
             .as_ref()
@@ -628,18 +739,7 @@ impl Agent {
         crr: &ContainerRecreateRequest,
         message: &str,
     ) -> Result<(), AgentError> {
-        let mut next = crr.clone();
-        let status = next
-            .status
-            .get_or_insert_with(ContainerRecreateRequestStatus::default);
-        status.phase = Phase::Completed;
-        status.completion_time = Some(Time(Timestamp::now()));
-        status.message = message.to_owned();
-        info!(crr = %crr.name_any(), message, "completing");
-        let written = self
-            .api(crr)
-            .replace_status(&crr.name_any(), &PostParams::default(), &next)
-            .await?;
+        let written = complete(&self.api(crr), crr, message).await?;
         self.expect(&written);
         Ok(())
     }
@@ -698,6 +798,25 @@ impl Agent {
         }
         false
     }
+}
+
+/// A CRR's completion: a full status update (phase, completionTime,
+/// message) from `crr`, as kruise writes it.
+async fn complete(
+    api: &Api<ContainerRecreateRequest>,
+    crr: &ContainerRecreateRequest,
+    message: &str,
+) -> Result<ContainerRecreateRequest, kube::Error> {
+    let mut next = crr.clone();
+    let status = next
+        .status
+        .get_or_insert_with(ContainerRecreateRequestStatus::default);
+    status.phase = Phase::Completed;
+    status.completion_time = Some(Time(Timestamp::now()));
+    status.message = message.to_owned();
+    info!(crr = %crr.name_any(), message, "completing");
+    api.replace_status(&crr.name_any(), &PostParams::default(), &next)
+        .await
 }
 
 fn resource_version(crr: &ContainerRecreateRequest) -> Option<u64> {

@@ -48,7 +48,7 @@ pub struct RunArgs {
     pub image_endpoint: Option<Endpoint>,
 
     /// ContainerRecreateRequest agent: `off` (proxy only), `kruise` (next to
-    /// OpenKruise's manager) or `standalone` (without OpenKruise).
+    /// OpenKruise's webhook and manager) or `standalone` (without OpenKruise).
     #[arg(long, env = "CRR_PROXY_AGENT", value_enum, default_value_t = AgentMode::Off)]
     pub agent: AgentMode,
 
@@ -87,10 +87,6 @@ pub enum LogFormat {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
-    #[error(
-        "--agent {0} is not available in this version of crr-proxy; run with --agent off (proxy only) or --agent kruise"
-    )]
-    AgentUnavailable(&'static str),
     #[error("--agent needs this node's name: set --node-name (CRR_PROXY_NODE_NAME)")]
     NoNodeName,
 }
@@ -110,6 +106,7 @@ pub struct AgentSettings {
     pub node_name: String,
     /// `None`: `$KUBECONFIG` or `~/.kube/config`, else the in-cluster service account.
     pub kubeconfig: Option<PathBuf>,
+    pub mode: crate::agent::Mode,
 }
 
 // === impl RunArgs ===
@@ -119,7 +116,7 @@ impl RunArgs {
     pub fn validate(&self) -> Result<RunConfig, ConfigError> {
         let agent = match self.agent {
             AgentMode::Off => None,
-            AgentMode::Kruise => {
+            AgentMode::Kruise | AgentMode::Standalone => {
                 let node_name = self
                     .node_name
                     .clone()
@@ -129,9 +126,13 @@ impl RunArgs {
                 Some(AgentSettings {
                     node_name,
                     kubeconfig: self.kubeconfig.clone(),
+                    mode: if self.agent == AgentMode::Kruise {
+                        crate::agent::Mode::Kruise
+                    } else {
+                        crate::agent::Mode::Standalone
+                    },
                 })
             }
-            AgentMode::Standalone => return Err(ConfigError::AgentUnavailable("standalone")),
         };
         // Sending images to the same socket twice would only cost a second
         // connection; treat it as "not set".
@@ -210,12 +211,18 @@ mod tests {
     }
 
     #[test]
-    fn standalone_mode_is_refused_until_it_lands() {
-        let run = parse(&["--agent", "standalone"]).unwrap();
-        let err = run.validate().unwrap_err();
-        assert_eq!(err, ConfigError::AgentUnavailable("standalone"));
-        assert!(err.to_string().contains("--agent off"));
-        assert!(parse(&["--agent", "bogus"]).is_err());
+    fn agent_modes_parse() {
+        let run = parse(&["--agent", "standalone", "--node-name", "n"]).unwrap();
+        assert_eq!(
+            run.validate().unwrap().agent.unwrap().mode,
+            crate::agent::Mode::Standalone
+        );
+        let err = parse(&["--agent", "bogus"]).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("possible values: off, kruise, standalone"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! API types, with exactly the upstream JSON, and the node agent's
 //! decision rules.
 
+pub mod admission;
 pub mod state;
 
 use std::borrow::Cow;

@@ -1,13 +1,15 @@
-//! `--agent kruise` end to end: the agent on a real containerd, next to the
-//! kruise-manager and kubelet roles, against the fake API server. The
-//! scenarios are OpenKruise's v1alpha1 e2e ones (crr-semantics.md §4).
+//! The agent end to end, on a real containerd against the fake API server:
+//! `--agent kruise` next to the kruise-manager and kubelet roles, and
+//! `--agent standalone` with the kubelet role only. The scenarios are
+//! OpenKruise's v1alpha1 e2e ones (crr-semantics.md §4), run in both modes
+//! with the same expected states and timing relations.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
 mod support;
 
 use std::time::Duration;
 
-use crr_proxy::agent::{self, AgentConfig};
+use crr_proxy::agent::{self, AgentConfig, Mode};
 use crr_proxy::kill::Killer;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
@@ -21,13 +23,13 @@ const NODE: &str = "node-a";
 struct Cluster {
     api: FakeApiServer,
     kubelet: Kubelet,
-    _manager: KruiseManager,
+    _manager: Option<KruiseManager>,
     agent: tokio::task::JoinHandle<()>,
     _ctrd: Containerd,
 }
 
 impl Cluster {
-    async fn new() -> Self {
+    async fn new(mode: Mode) -> Self {
         support::init_logging();
         let ctrd = tokio::task::spawn_blocking(Containerd::start)
             .await
@@ -36,13 +38,14 @@ impl Cluster {
         let api = FakeApiServer::start().await;
         let cri = support::client(&ctrd.endpoint());
         let kubelet = Kubelet::start(&api, cri.clone(), NODE, ctrd.scratch("logs")).await;
-        let manager = KruiseManager::start(&api);
+        let manager = (mode == Mode::Kruise).then(|| KruiseManager::start(&api));
         let (synced, mut ready) = tokio::sync::watch::channel(false);
         let config = AgentConfig {
             client: api.client(),
             cri: cri.clone(),
             killer: Killer::new(cri.clone(), None),
             node_name: NODE.into(),
+            mode,
         };
         let agent = tokio::spawn(agent::run(config, synced, std::future::pending()));
         tokio::time::timeout(Duration::from_secs(10), ready.wait_for(|r| *r))
@@ -79,6 +82,17 @@ impl Cluster {
                 json!({"metadata": {"name": name}, "spec": spec}),
             )
             .expect("create CRR")
+    }
+
+    /// The CRR once accepted (labelled by the webhook, or by crr-proxy in
+    /// standalone mode).
+    async fn accepted(&self, name: &str) -> Value {
+        wait_for(Duration::from_secs(10), || {
+            self.crr(name)
+                .filter(|c| c["metadata"]["labels"]["crr.apps.kruise.io/node-name"].is_string())
+        })
+        .await
+        .unwrap_or_else(|| panic!("CRR {name} not accepted"))
     }
 
     fn crr(&self, name: &str) -> Option<Value> {
@@ -165,9 +179,8 @@ fn finished_at(pod: &Value, name: &str) -> i64 {
     seconds(&container_status(pod, name)["lastState"]["terminated"]["finishedAt"])
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn e2e_1a_simple_container_with_min_started_seconds_and_ttl() {
-    let cluster = Cluster::new().await;
+async fn e2e_1a_simple_container_with_min_started_seconds_and_ttl(mode: Mode) {
+    let cluster = Cluster::new(mode).await;
     let pod = cluster
         .kubelet
         .run_pod(PodSpec::new(
@@ -178,14 +191,16 @@ async fn e2e_1a_simple_container_with_min_started_seconds_and_ttl() {
             ],
         ))
         .await;
-    let created = cluster.create(
+    cluster.create(
         "crr-1a",
         "pod0",
         &["app"],
         json!({"minStartedSeconds": 5}),
         json!({"ttlSecondsAfterFinished": 3}),
     );
-    // The webhook's labels, defaults and snapshot.
+    // The webhook's (or in standalone mode crr-proxy's) labels, defaults and
+    // snapshot.
+    let created = cluster.accepted("crr-1a").await;
     let labels = &created["metadata"]["labels"];
     assert_eq!(labels["crr.apps.kruise.io/pod-uid"], pod["metadata"]["uid"]);
     assert_eq!(labels["crr.apps.kruise.io/node-name"], NODE);
@@ -241,9 +256,8 @@ async fn e2e_1a_simple_container_with_min_started_seconds_and_ttl() {
     assert_eq!(killing["reportingController"], agent::REPORTER);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn e2e_1b_two_containers_without_strategy() {
-    let cluster = Cluster::new().await;
+async fn e2e_1b_two_containers_without_strategy(mode: Mode) {
+    let cluster = Cluster::new(mode).await;
     cluster
         .kubelet
         .run_pod(PodSpec::new(
@@ -273,9 +287,8 @@ fn post_start_pod(name: &str) -> PodSpec {
     PodSpec::new(name, vec![app, ContainerSpec::graceful("sidecar")])
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn e2e_2a_unordered_does_not_wait_for_readiness() {
-    let cluster = Cluster::new().await;
+async fn e2e_2a_unordered_does_not_wait_for_readiness(mode: Mode) {
+    let cluster = Cluster::new(mode).await;
     cluster.kubelet.run_pod(post_start_pod("pod2a")).await;
     cluster.create(
         "crr-2a",
@@ -291,9 +304,8 @@ async fn e2e_2a_unordered_does_not_wait_for_readiness() {
     assert!(gap < 3, "the sidecar waited {gap}s for the app");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn e2e_2b_ordered_waits_for_the_previous_container() {
-    let cluster = Cluster::new().await;
+async fn e2e_2b_ordered_waits_for_the_previous_container(mode: Mode) {
+    let cluster = Cluster::new(mode).await;
     cluster.kubelet.run_pod(post_start_pod("pod2b")).await;
     cluster.create(
         "crr-2b",
@@ -318,17 +330,17 @@ fn pre_stop_pod(name: &str) -> PodSpec {
     PodSpec::new(name, vec![app, ContainerSpec::graceful("sidecar")])
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn e2e_3a_pre_stop_runs_fully_and_kills_are_sequential() {
-    let cluster = Cluster::new().await;
+async fn e2e_3a_pre_stop_runs_fully_and_kills_are_sequential(mode: Mode) {
+    let cluster = Cluster::new(mode).await;
     cluster.kubelet.run_pod(pre_stop_pod("pod3a")).await;
-    let created = cluster.create(
+    cluster.create(
         "crr-3a",
         "pod3a",
         &["app", "sidecar"],
         Value::Null,
         json!({}),
     );
+    let created = cluster.accepted("crr-3a").await;
     assert_eq!(
         created["spec"]["containers"][0]["preStop"],
         json!({"exec": {"command": ["sleep", "8"]}})
@@ -343,9 +355,8 @@ async fn e2e_3a_pre_stop_runs_fully_and_kills_are_sequential() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn e2e_3b_active_deadline_completes_while_the_kill_goes_on() {
-    let cluster = Cluster::new().await;
+async fn e2e_3b_active_deadline_completes_while_the_kill_goes_on(mode: Mode) {
+    let cluster = Cluster::new(mode).await;
     cluster.kubelet.run_pod(pre_stop_pod("pod3b")).await;
     cluster.create(
         "crr-3b",
@@ -388,9 +399,8 @@ async fn e2e_3b_active_deadline_completes_while_the_kill_goes_on() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn e2e_3c_unready_grace_and_a_short_termination_grace() {
-    let cluster = Cluster::new().await;
+async fn e2e_3c_unready_grace_and_a_short_termination_grace(mode: Mode) {
+    let cluster = Cluster::new(mode).await;
     cluster.kubelet.run_pod(pre_stop_pod("pod3c")).await;
     let created = cluster.create(
         "crr-3c",
@@ -431,9 +441,8 @@ async fn e2e_3c_unready_grace_and_a_short_termination_grace() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn e2e_4a_and_4b_force_recreate() {
-    let cluster = Cluster::new().await;
+async fn e2e_4a_and_4b_force_recreate(mode: Mode) {
+    let cluster = Cluster::new(mode).await;
     cluster.kubelet.run_pod(post_start_pod("pod4a")).await;
     cluster.kubelet.run_pod(post_start_pod("pod4b")).await;
     cluster.create(
@@ -462,9 +471,8 @@ async fn e2e_4a_and_4b_force_recreate() {
     assert!(gap_b >= 5, "ordered force waited only {gap_b}s");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_crrs_for_one_pod_back_to_back_both_complete() {
-    let cluster = Cluster::new().await;
+async fn two_crrs_for_one_pod_back_to_back_both_complete(mode: Mode) {
+    let cluster = Cluster::new(mode).await;
     cluster
         .kubelet
         .run_pod(PodSpec::new(
@@ -509,9 +517,8 @@ async fn two_crrs_for_one_pod_back_to_back_both_complete() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bad_crrs_get_their_documented_outcome_and_delay_no_one() {
-    let cluster = Cluster::new().await;
+    let cluster = Cluster::new(Mode::Kruise).await;
     let pod = cluster
         .kubelet
         .run_pod(PodSpec::new(
@@ -598,9 +605,8 @@ async fn bad_crrs_get_their_documented_outcome_and_delay_no_one() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_watch_compacted_mid_recreate_relists_and_loses_nothing() {
-    let cluster = Cluster::new().await;
+async fn a_watch_compacted_mid_recreate_relists_and_loses_nothing(mode: Mode) {
+    let cluster = Cluster::new(mode).await;
     cluster
         .kubelet
         .run_pod(PodSpec::new(
@@ -625,4 +631,188 @@ async fn a_watch_compacted_mid_recreate_relists_and_loses_nothing() {
     let pod = cluster.kubelet.wait_ready("pod7").await;
     // Each container was killed exactly once.
     assert_recreated(&done, &pod, &["app", "sidecar"]);
+}
+
+// --- standalone mode only ---
+
+/// Creates a Pod object on `node` with no running containers.
+fn bare_pod(cluster: &Cluster, name: &str, node: &str) -> Value {
+    let spec = json!({"nodeName": node, "containers": [{"name": "app", "image": "x"}]});
+    cluster
+        .api
+        .create(
+            Resource::Pod,
+            NAMESPACE,
+            json!({"metadata": {"name": name}, "spec": spec}),
+        )
+        .unwrap()
+}
+
+async fn standalone_refusals_complete_with_the_webhooks_messages() {
+    let cluster = Cluster::new(Mode::Standalone).await;
+    cluster
+        .kubelet
+        .run_pod(PodSpec::new(
+            "pod8",
+            vec![
+                ContainerSpec::graceful("app"),
+                ContainerSpec::graceful("sidecar"),
+            ],
+        ))
+        .await;
+    let cases = [
+        (
+            "unknown",
+            json!([{"name": "nope"}]),
+            json!({}),
+            "container nope not found in Pod",
+        ),
+        (
+            "twice",
+            json!([{"name": "app"}, {"name": "app"}]),
+            json!({}),
+            "can not recreate app multi times",
+        ),
+        (
+            "policy",
+            json!([{"name": "app"}]),
+            json!({"failurePolicy": "Maybe"}),
+            "unknown failurePolicy Maybe",
+        ),
+        (
+            "preset",
+            json!([{"name": "app", "statusContext": {"containerID": "containerd://x", "restartCount": 0}}]),
+            json!({}),
+            "preStop, ports, statusContext in container are ready-only fields",
+        ),
+    ];
+    for (name, containers, strategy, _) in &cases {
+        let spec = json!({"podName": "pod8", "containers": containers, "strategy": strategy});
+        cluster
+            .api
+            .create(
+                Resource::Crr,
+                NAMESPACE,
+                json!({"metadata": {"name": name}, "spec": spec}),
+            )
+            .unwrap();
+    }
+    // A CRR for a Pod of another node: not ours, left alone.
+    bare_pod(&cluster, "pod-on-b", "node-b");
+    cluster.create("elsewhere", "pod-on-b", &["app"], Value::Null, json!({}));
+    // A good one goes on meanwhile.
+    cluster.create("good", "pod8", &["app"], Value::Null, json!({}));
+    for (name, _, _, message) in &cases {
+        let done = cluster.completed(name, Duration::from_secs(10)).await;
+        assert_eq!(done["status"]["message"], *message, "{name}");
+        // Never half-applied: the spec is as written, and the CRR is not active.
+        assert!(
+            done["spec"]["containers"][0]["statusContext"].is_null() || *name == "preset",
+            "{name}"
+        );
+        let labels = &done["metadata"]["labels"];
+        assert_eq!(labels["crr.apps.kruise.io/node-name"], NODE, "{name}");
+        assert!(labels["crr.apps.kruise.io/active"].is_null(), "{name}");
+    }
+    let good = cluster.completed("good", Duration::from_secs(60)).await;
+    assert_eq!(
+        states(&good),
+        json!([{"name": "app", "phase": "Succeeded", "isKilled": true}])
+    );
+    let elsewhere = cluster.crr("elsewhere").unwrap();
+    assert!(elsewhere["status"].is_null(), "{elsewhere:#}");
+    assert!(elsewhere["metadata"]["labels"].is_null(), "{elsewhere:#}");
+}
+
+async fn standalone_a_crr_before_the_containers_started_is_refused() {
+    let cluster = Cluster::new(Mode::Standalone).await;
+    bare_pod(&cluster, "early", NODE);
+    cluster.create("too-early", "early", &["app"], Value::Null, json!({}));
+    let done = cluster
+        .completed("too-early", Duration::from_secs(10))
+        .await;
+    assert_eq!(
+        done["status"]["message"],
+        "not found app containerStatus in Pod Status"
+    );
+}
+
+async fn standalone_a_pod_deleted_mid_recreate_completes_the_crr() {
+    let cluster = Cluster::new(Mode::Standalone).await;
+    cluster.kubelet.run_pod(pre_stop_pod("pod9")).await;
+    cluster.create("crr-9", "pod9", &["app", "sidecar"], Value::Null, json!({}));
+    wait_for(Duration::from_secs(10), || {
+        cluster
+            .crr("crr-9")
+            .filter(|c| c["status"]["containerRecreateStates"].is_array())
+    })
+    .await
+    .expect("recreating");
+    cluster
+        .api
+        .delete(Resource::Pod, NAMESPACE, "pod9")
+        .unwrap();
+    let done = cluster.completed("crr-9", Duration::from_secs(10)).await;
+    assert_eq!(done["status"]["message"], "pod has gone");
+}
+
+macro_rules! tests_in {
+    ($mode:ident: $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                super::$name(super::Mode::$mode).await
+            }
+        )*
+    };
+}
+
+mod kruise {
+    tests_in!(Kruise:
+        e2e_1a_simple_container_with_min_started_seconds_and_ttl,
+        e2e_1b_two_containers_without_strategy,
+        e2e_2a_unordered_does_not_wait_for_readiness,
+        e2e_2b_ordered_waits_for_the_previous_container,
+        e2e_3a_pre_stop_runs_fully_and_kills_are_sequential,
+        e2e_3b_active_deadline_completes_while_the_kill_goes_on,
+        e2e_3c_unready_grace_and_a_short_termination_grace,
+        e2e_4a_and_4b_force_recreate,
+        two_crrs_for_one_pod_back_to_back_both_complete,
+        a_watch_compacted_mid_recreate_relists_and_loses_nothing,
+    );
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn bad_crrs_get_their_documented_outcome_and_delay_no_one() {
+        super::bad_crrs_get_their_documented_outcome_and_delay_no_one().await
+    }
+}
+
+mod standalone {
+    tests_in!(Standalone:
+        e2e_1a_simple_container_with_min_started_seconds_and_ttl,
+        e2e_1b_two_containers_without_strategy,
+        e2e_2a_unordered_does_not_wait_for_readiness,
+        e2e_2b_ordered_waits_for_the_previous_container,
+        e2e_3a_pre_stop_runs_fully_and_kills_are_sequential,
+        e2e_3b_active_deadline_completes_while_the_kill_goes_on,
+        e2e_3c_unready_grace_and_a_short_termination_grace,
+        e2e_4a_and_4b_force_recreate,
+        two_crrs_for_one_pod_back_to_back_both_complete,
+        a_watch_compacted_mid_recreate_relists_and_loses_nothing,
+    );
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn refusals_complete_with_the_webhooks_messages() {
+        super::standalone_refusals_complete_with_the_webhooks_messages().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_crr_before_the_containers_started_is_refused() {
+        super::standalone_a_crr_before_the_containers_started_is_refused().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_pod_deleted_mid_recreate_completes_the_crr() {
+        super::standalone_a_pod_deleted_mid_recreate_completes_the_crr().await
+    }
 }

@@ -52,27 +52,6 @@ fn version_and_help_name_every_flag() {
 }
 
 #[test]
-fn standalone_mode_fails_with_a_clear_message_until_it_lands() {
-    for how in ["flag", "env"] {
-        let mut cmd = crr_proxy();
-        cmd.arg("run")
-            .args(["--listen", "/nonexistent/never-bound.sock"]);
-        match how {
-            "flag" => cmd.args(["--agent", "standalone"]),
-            _ => cmd.env("CRR_PROXY_AGENT", "standalone"),
-        };
-        let out = cmd.output().unwrap();
-        assert_eq!(out.status.code(), Some(2), "{how}");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            stderr.contains("--agent standalone is not available"),
-            "{stderr}"
-        );
-        assert!(stderr.contains("--agent off"), "{stderr}");
-    }
-}
-
-#[test]
 fn kruise_mode_without_a_kubeconfig_fails_at_start() {
     let out = crr_proxy()
         .args([

@@ -34,6 +34,18 @@ pub enum Next {
     Failed,
 }
 
+impl Next {
+    /// The more urgent of two: a failure, else the earlier time.
+    pub fn sooner(self, other: Next) -> Next {
+        match (self, other) {
+            (Next::Failed, _) | (_, Next::Failed) => Next::Failed,
+            (Next::After(a), Next::After(b)) => Next::After(a.min(b)),
+            (Next::After(a), Next::Done) | (Next::Done, Next::After(a)) => Next::After(a),
+            (Next::Done, Next::Done) => Next::Done,
+        }
+    }
+}
+
 impl<K: Clone + Eq + Hash> Default for Queue<K> {
     fn default() -> Self {
         Self {
@@ -184,6 +196,15 @@ mod tests {
         queue.done(ready[0], Next::After(Duration::from_secs(3)));
         let (_, next) = queue.take_due();
         assert_eq!(next.unwrap() - Instant::now(), Duration::from_secs(3));
+    }
+
+    #[test]
+    fn sooner_prefers_failures_then_the_earlier_time() {
+        let (one, two) = (Duration::from_secs(1), Duration::from_secs(2));
+        assert_eq!(Next::After(two).sooner(Next::After(one)), Next::After(one));
+        assert_eq!(Next::Done.sooner(Next::After(two)), Next::After(two));
+        assert_eq!(Next::After(one).sooner(Next::Failed), Next::Failed);
+        assert_eq!(Next::Done.sooner(Next::Done), Next::Done);
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,0 +1,578 @@
+//! Standalone mode: for the CRRs of Pods on this node, crr-proxy also does
+//! what OpenKruise's webhook and kruise-manager would (crr-semantics.md
+//! §1.6–§2.2): accepts and labels new CRRs, flips the KruisePodReady
+//! readiness gate, enforces activeDeadlineSeconds, completes CRRs whose Pod
+//! has gone, releases what it held at the end, and deletes after the TTL.
+//!
+//! Finding the CRRs without node labels costs one cluster-wide watch per
+//! node on `!crr.apps.kruise.io/node-name`: the API server's watch cache
+//! sends each new CRR to every node (twice: created, then labelled out of
+//! the selector), which at 5 000 nodes is 10 000 small events per CRR, and
+//! nothing more while no CRRs are created. Everything else uses the label
+//! path (`node-name=<node>`) and a `spec.nodeName=<node>` Pod watch, as
+//! kubelet's own.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use futures_util::stream::BoxStream;
+use k8s_openapi::api::core::v1::{Pod, PodCondition};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use super::queue::Next;
+use super::{Agent, AgentError, PodKey, SyncGate, Watched, follow, is_finished};
+use crate::crr::admission;
+use crate::crr::{ContainerRecreateRequest, SyncContainerStatus, annotations, labels};
+
+/// The readiness gate kruise's Pods carry.
+pub const KRUISE_POD_READY: &str = "KruisePodReady";
+/// Held while this CRR keeps its Pod not ready, so that readiness is given
+/// back even if the CRR is deleted.
+pub const UNREADY_FINALIZER: &str = "crr.apps.kruise.io/unready-acquired";
+
+/// The stores standalone mode reads.
+pub(crate) struct Parts {
+    /// activeDeadlineSeconds timers, per CRR uid. They run apart from the
+    /// Pod's queue: a kill in progress (a long preStop) holds the queue, and
+    /// the deadline must not wait for it.
+    deadlines: Mutex<HashMap<String, JoinHandle<()>>>,
+    pods: Store<Pod>,
+    /// CRRs no node has accepted yet (no node label).
+    unaccepted: Store<ContainerRecreateRequest>,
+    /// This node's finished CRRs (the active label removed).
+    finished: Store<ContainerRecreateRequest>,
+}
+
+/// Standalone mode's watch streams, to be followed.
+pub(crate) struct Streams {
+    pods: BoxStream<'static, Result<watcher::Event<Pod>, watcher::Error>>,
+    unaccepted:
+        BoxStream<'static, Result<watcher::Event<ContainerRecreateRequest>, watcher::Error>>,
+    finished: BoxStream<'static, Result<watcher::Event<ContainerRecreateRequest>, watcher::Error>>,
+}
+
+impl Watched for Pod {
+    fn pod_key(&self) -> Option<PodKey> {
+        Some(PodKey {
+            namespace: self.namespace()?,
+            pod: self.name_any(),
+        })
+    }
+}
+
+pub(crate) fn watches(client: &kube::Client, node: &str) -> (Parts, Streams) {
+    let crrs = || Api::<ContainerRecreateRequest>::all(client.clone());
+    let (pods, pod_writer) = reflector::store();
+    let (unaccepted, unaccepted_writer) = reflector::store();
+    let (finished, finished_writer) = reflector::store();
+    let streams = Streams {
+        pods: watcher(
+            Api::<Pod>::all(client.clone()),
+            watcher::Config::default().fields(&format!("spec.nodeName={node}")),
+        )
+        .default_backoff()
+        .reflect(pod_writer)
+        .boxed(),
+        unaccepted: watcher(
+            crrs(),
+            watcher::Config::default().labels(&format!("!{}", labels::NODE_NAME)),
+        )
+        .default_backoff()
+        .reflect(unaccepted_writer)
+        .boxed(),
+        finished: watcher(
+            crrs(),
+            watcher::Config::default().labels(&format!(
+                "{}={node},!{}",
+                labels::NODE_NAME,
+                labels::ACTIVE
+            )),
+        )
+        .default_backoff()
+        .reflect(finished_writer)
+        .boxed(),
+    };
+    let parts = Parts {
+        deadlines: Mutex::new(HashMap::new()),
+        pods,
+        unaccepted,
+        finished,
+    };
+    (parts, streams)
+}
+
+impl Streams {
+    pub(crate) fn spawn(self, agent: &Arc<Agent>, gate: &Arc<SyncGate>) -> Vec<JoinHandle<()>> {
+        vec![
+            tokio::spawn(follow(
+                self.pods,
+                "node Pods",
+                Arc::clone(agent),
+                Arc::clone(gate),
+            )),
+            tokio::spawn(follow(
+                self.unaccepted,
+                "new CRRs",
+                Arc::clone(agent),
+                Arc::clone(gate),
+            )),
+            tokio::spawn(follow(
+                self.finished,
+                "finished CRRs",
+                Arc::clone(agent),
+                Arc::clone(gate),
+            )),
+        ]
+    }
+}
+
+/// How the manager's part of a pass ended.
+pub(crate) enum Outcome {
+    /// Something was written: its watch event brings the Pod back.
+    Wrote,
+    /// Nothing to write; carry on with the daemon's part, and come back by then.
+    Continue(Next),
+}
+
+const DEADLINE_EXCEEDED: &str = "recreating has exceeded the activeDeadlineSeconds";
+
+impl Parts {
+    /// Completes `crr` when its deadline passes, whatever its Pod's queue is
+    /// doing then.
+    fn arm_deadline(&self, agent: &Agent, crr: &ContainerRecreateRequest, left: Duration) {
+        let (Some(uid), Ok(mut deadlines)) = (crr.uid(), self.deadlines.lock()) else {
+            return;
+        };
+        deadlines.retain(|_, timer| !timer.is_finished());
+        if deadlines.contains_key(&uid) {
+            return;
+        }
+        let store = agent.store.clone();
+        let pods = self.pods.clone();
+        let client = agent.client.clone();
+        let api = agent.api(crr);
+        let target = ObjectRef::from_obj(crr);
+        let timer = tokio::spawn(async move {
+            tokio::time::sleep(left).await;
+            // The latest copy; a conflict means it just changed: look again.
+            for _ in 0..5 {
+                let Some(latest) = store.get(&target) else {
+                    return;
+                };
+                if is_finished(&latest) {
+                    return;
+                }
+                match super::complete(&api, &latest, DEADLINE_EXCEEDED).await {
+                    Err(kube::Error::Api(status)) if status.code == 409 => {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    Err(error) => {
+                        warn!(%error, "could not complete a CRR past its deadline; its Pod's next pass will");
+                        return;
+                    }
+                    Ok(written) => {
+                        // Give back what the CRR held now, too: its Pod's
+                        // queue may be busy with the kill for a while.
+                        let key = super::pod_key(&written);
+                        let pod = pods.get(&ObjectRef::new(&key.pod).within(&key.namespace));
+                        if let Err(error) = release(&client, &written, pod.as_deref()).await {
+                            warn!(%error, "could not release a CRR past its deadline; its Pod's next pass will");
+                        }
+                        return;
+                    }
+                }
+            }
+        });
+        deadlines.insert(uid, timer);
+    }
+
+    fn pod(&self, key: &PodKey) -> Option<Arc<Pod>> {
+        self.pods
+            .get(&ObjectRef::new(&key.pod).within(&key.namespace))
+    }
+
+    fn of_pod(
+        store: &Store<ContainerRecreateRequest>,
+        key: &PodKey,
+    ) -> Vec<Arc<ContainerRecreateRequest>> {
+        store
+            .state()
+            .into_iter()
+            .filter(|c| {
+                c.namespace().as_deref() == Some(key.namespace.as_str())
+                    && c.spec.pod_name == key.pod
+            })
+            .collect()
+    }
+
+    /// §1.7, from the Pod itself: the CRR's containers that are running,
+    /// with their IDs, readiness and restart counts. No creation-time filter
+    /// (kruise's clock-skew bug #895): step D already requires the ID of the
+    /// container the runtime reports now.
+    pub(crate) fn sync_statuses(&self, key: &PodKey) -> HashMap<String, SyncContainerStatus> {
+        let Some(pod) = self.pod(key) else {
+            return HashMap::new();
+        };
+        pod.status
+            .iter()
+            .flat_map(|s| s.container_statuses.iter().flatten())
+            .filter(|s| s.state.as_ref().is_some_and(|st| st.running.is_some()))
+            .map(|s| {
+                let entry = SyncContainerStatus {
+                    name: s.name.clone(),
+                    ready: s.ready,
+                    restart_count: s.restart_count,
+                    container_id: s.container_id.clone().unwrap_or_default(),
+                };
+                (s.name.clone(), entry)
+            })
+            .collect()
+    }
+}
+
+/// The manager's part for one Pod, before the daemon's.
+pub(crate) async fn manage_pod(
+    agent: &Agent,
+    parts: &Parts,
+    key: &PodKey,
+) -> Result<Outcome, AgentError> {
+    // Acting on a half-listed cache would take a Pod for gone.
+    for store in [&parts.unaccepted, &parts.finished] {
+        store.wait_until_ready().await.ok();
+    }
+    parts.pods.wait_until_ready().await.ok();
+    let pod = parts.pod(key);
+    let mut wrote = false;
+    let mut next = Next::Done;
+
+    for crr in Parts::of_pod(&parts.unaccepted, key) {
+        if is_finished(&crr) || pod.is_none() {
+            // Only the node that runs the Pod accepts its CRRs.
+            continue;
+        }
+        // Judge on the Pod as the API server has it now, as the webhook does:
+        // the Pod watch may not have caught up with this CRR yet.
+        let Some(fresh) = fresh_pod(agent, key).await? else {
+            continue;
+        };
+        accept(agent, &crr, &fresh).await?;
+        wrote = true;
+    }
+
+    for crr in Parts::of_pod(&parts.finished, key) {
+        let (Some(ttl), Some(done)) = (
+            crr.spec.ttl_seconds_after_finished,
+            crr.status.as_ref().and_then(|s| s.completion_time.as_ref()),
+        ) else {
+            continue;
+        };
+        let left = i64::from(ttl) - (Timestamp::now().as_second() - done.0.as_second());
+        if left <= 0 {
+            info!(crr = %crr.name_any(), "deleting after ttlSecondsAfterFinished");
+            match agent
+                .api(&crr)
+                .delete(&crr.name_any(), &DeleteParams::default())
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(error) => return Err(error.into()),
+            }
+            wrote = true;
+        } else {
+            next = next.sooner(Next::After(Duration::from_secs(left.unsigned_abs())));
+        }
+    }
+
+    let gone = |pod: Option<&Pod>, crr: &ContainerRecreateRequest| match pod {
+        None => true,
+        Some(pod) => {
+            pod.metadata.deletion_timestamp.is_some()
+                || pod.metadata.uid.as_ref() != crr.labels().get(labels::POD_UID)
+        }
+    };
+    let mut confirmed: Option<Option<Pod>> = None;
+    for crr in agent
+        .store
+        .state()
+        .into_iter()
+        .filter(|c| super::pod_key(c) == *key)
+    {
+        if is_finished(&crr) {
+            wrote |= release(&agent.client, &crr, pod.as_deref()).await?;
+            continue;
+        }
+        // The cache may lag: "gone" is confirmed with the API server first.
+        let mut is_gone = gone(pod.as_deref(), &crr);
+        if is_gone {
+            if confirmed.is_none() {
+                confirmed = Some(fresh_pod(agent, key).await?);
+            }
+            is_gone = gone(confirmed.as_ref().and_then(Option::as_ref), &crr);
+        }
+        if is_gone {
+            agent.complete(&crr, "pod has gone").await?;
+            wrote = true;
+            continue;
+        }
+        if let Some(deadline) = crr.spec.active_deadline_seconds {
+            let created = crr
+                .meta()
+                .creation_timestamp
+                .as_ref()
+                .map_or(0, |t| t.0.as_second());
+            let left = deadline - (Timestamp::now().as_second() - created);
+            if left <= 0 {
+                agent.complete(&crr, DEADLINE_EXCEEDED).await?;
+                wrote = true;
+            } else {
+                parts.arm_deadline(agent, &crr, Duration::from_secs(left.unsigned_abs()));
+            }
+        }
+    }
+    Ok(if wrote {
+        Outcome::Wrote
+    } else {
+        Outcome::Continue(next)
+    })
+}
+
+/// The Pod as the API server has it now; `None` when it does not exist.
+async fn fresh_pod(agent: &Agent, key: &PodKey) -> Result<Option<Pod>, AgentError> {
+    Ok(Api::<Pod>::namespaced(agent.client.clone(), &key.namespace)
+        .get_opt(&key.pod)
+        .await?)
+}
+
+/// The webhook's CREATE: labels and a completed spec, or the CRR ends
+/// Completed with the webhook's message (and is labelled with its node, so
+/// that `kubectl get crr` shows it and its TTL applies).
+async fn accept(
+    agent: &Agent,
+    crr: &ContainerRecreateRequest,
+    pod: &Pod,
+) -> Result<(), AgentError> {
+    let runtime = agent.runtime_name().await?;
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let containers = agent.pod_containers(&uid, runtime).await?;
+    let api = agent.api(crr);
+    match admission::admit(crr, pod, &containers) {
+        Ok(accepted) => {
+            info!(crr = %crr.name_any(), pod = %pod.name_any(), "accepting");
+            let patch = json!({
+                "metadata": {"labels": accepted.labels, "resourceVersion": crr.resource_version()},
+                "spec": accepted.spec,
+            });
+            api.patch(
+                &crr.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        }
+        Err(message) => {
+            info!(crr = %crr.name_any(), %message, "refusing");
+            agent.complete(crr, &message).await?;
+            let mut node_labels = BTreeMap::new();
+            node_labels.insert(
+                labels::NODE_NAME.to_owned(),
+                pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            );
+            node_labels.insert(labels::POD_UID.to_owned(), Some(uid));
+            let patch = json!({"metadata": {"labels": node_labels}});
+            api.patch(
+                &crr.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Before a Recreating CRR with `unreadyGracePeriodSeconds` waits: takes the
+/// Pod out of service through its KruisePodReady gate (when it has one),
+/// holding a finalizer until it is given back, then stamps the time.
+pub(crate) async fn acquire_unready(
+    agent: &Agent,
+    parts: &Parts,
+    crr: &ContainerRecreateRequest,
+) -> Result<(), AgentError> {
+    let key = super::pod_key(crr);
+    let Some(pod) = parts.pod(&key) else {
+        return Ok(());
+    };
+    if has_gate(&pod) {
+        let mut finalizers = crr.finalizers().to_vec();
+        if !finalizers.iter().any(|f| f == UNREADY_FINALIZER) {
+            finalizers.push(UNREADY_FINALIZER.into());
+            let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": crr.resource_version()}});
+            agent
+                .api(crr)
+                .patch(
+                    &crr.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await?;
+        }
+        set_not_ready_key(
+            &agent.client,
+            &pod,
+            &format!("{}/{}", key.namespace, crr.name_any()),
+            true,
+        )
+        .await?;
+    }
+    let stamp = Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let patch = json!({"metadata": {"annotations": {annotations::UNREADY_ACQUIRED: stamp}}});
+    agent
+        .api(crr)
+        .patch(
+            &crr.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    Ok(())
+}
+
+/// After a CRR ends: gives the Pod's readiness back and drops the
+/// finalizer, then removes the active label. Says whether it wrote.
+async fn release(
+    client: &kube::Client,
+    crr: &ContainerRecreateRequest,
+    pod: Option<&Pod>,
+) -> Result<bool, AgentError> {
+    let api = Api::<ContainerRecreateRequest>::namespaced(
+        client.clone(),
+        &crr.namespace().unwrap_or_default(),
+    );
+    let mut wrote = false;
+    let mut current = crr.clone();
+    if current.finalizers().iter().any(|f| f == UNREADY_FINALIZER) {
+        if let Some(pod) = pod.filter(|p| p.metadata.deletion_timestamp.is_none() && has_gate(p)) {
+            let key = format!("{}/{}", crr.namespace().unwrap_or_default(), crr.name_any());
+            set_not_ready_key(client, pod, &key, false).await?;
+        }
+        let rest: Vec<&String> = current
+            .finalizers()
+            .iter()
+            .filter(|f| *f != UNREADY_FINALIZER)
+            .collect();
+        let patch = json!({"metadata": {"finalizers": rest, "resourceVersion": current.resource_version()}});
+        current = api
+            .patch(
+                &crr.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        wrote = true;
+    }
+    if current.meta().deletion_timestamp.is_some() {
+        return Ok(wrote);
+    }
+    if current.labels().contains_key(labels::ACTIVE) {
+        let patch = json!({"metadata": {"labels": {labels::ACTIVE: null}}});
+        api.patch(
+            &crr.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+        wrote = true;
+    }
+    Ok(wrote)
+}
+
+fn has_gate(pod: &Pod) -> bool {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.readiness_gates.iter().flatten())
+        .any(|g| g.condition_type == KRUISE_POD_READY)
+}
+
+/// §1.8: adds or removes `key` in the KruisePodReady condition's message
+/// (a JSON list), which is False while any key remains. Adding also marks
+/// the Pod not Ready, as kruise does.
+async fn set_not_ready_key(
+    client: &kube::Client,
+    pod: &Pod,
+    key: &str,
+    add: bool,
+) -> Result<(), AgentError> {
+    const USER_AGENT: &str = "ContainerRecreateRequest";
+    let mut conditions = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default();
+    let index = conditions.iter().position(|c| c.type_ == KRUISE_POD_READY);
+    let mut keys: Vec<(String, String)> = index
+        .and_then(|i| conditions[i].message.as_deref())
+        .and_then(|m| serde_json::from_str::<Vec<BTreeMap<String, String>>>(m).ok())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|entry| {
+            let get = |k: &str| entry.get(k).cloned().unwrap_or_default();
+            (get("userAgent"), get("key"))
+        })
+        .filter(|(agent, k)| !(agent == USER_AGENT && k == key))
+        .collect();
+    if add {
+        keys.push((USER_AGENT.into(), key.into()));
+    }
+    keys.sort();
+    // Go's field order, which a JSON map would not keep.
+    let entries: Vec<String> = keys
+        .iter()
+        .map(|(agent, key)| format!(r#"{{"userAgent":{},"key":{}}}"#, json!(agent), json!(key)))
+        .collect();
+    let status = if keys.is_empty() { "True" } else { "False" };
+    let now = Some(Time(Timestamp::now()));
+    let condition = PodCondition {
+        type_: KRUISE_POD_READY.into(),
+        status: status.into(),
+        message: Some(if keys.is_empty() {
+            String::new()
+        } else {
+            format!("[{}]", entries.join(","))
+        }),
+        last_transition_time: now.clone(),
+        ..Default::default()
+    };
+    match index {
+        Some(i) => conditions[i] = condition,
+        None => conditions.push(condition),
+    }
+    if add {
+        if let Some(ready) = conditions.iter_mut().find(|c| c.type_ == "Ready") {
+            if ready.status != "False" {
+                ready.status = "False".into();
+                ready.reason = Some("ReadinessGatesNotReady".into());
+                ready.last_transition_time = now;
+            }
+        }
+    }
+    let patch = json!({"metadata": {"resourceVersion": pod.resource_version()}, "status": {"conditions": conditions}});
+    Api::<Pod>::namespaced(client.clone(), &pod.namespace().unwrap_or_default())
+        .patch_status(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    Ok(())
+}
