@@ -9,6 +9,7 @@
 //! - [`crr`]: the ContainerRecreateRequest API and the agent's decision rules.
 //! - [`config`]: the command line.
 //! - [`telemetry`]: logging setup.
+//! - [`notify`]: systemd's readiness notification.
 
 pub mod admin;
 pub mod agent;
@@ -16,6 +17,7 @@ pub mod config;
 pub mod cri;
 pub mod crr;
 pub mod kill;
+pub mod notify;
 pub mod proxy;
 pub mod telemetry;
 
@@ -54,6 +56,13 @@ pub async fn run(
         "forwarding CRI calls"
     );
     let (listener, _socket_file) = listener.into_parts();
+    if let Err(error) = notify::notify("READY=1") {
+        tracing::warn!(%error, "could not notify systemd");
+    }
+    let shutdown = async {
+        shutdown.await;
+        let _ = notify::notify("STOPPING=1");
+    };
     Proxy::new(config.routes).serve(listener, shutdown).await;
     Ok(())
 }

@@ -9,13 +9,15 @@ ensure_root() {
 }
 
 # containerd + runc run the containers; busybox-static fills the test images
-# (no registry needed); python3 plays systemd in the socket-activation test.
+# (no registry needed); python3 plays systemd in the socket-activation tests;
+# systemd provides systemd-analyze, which checks the units.
 ensure_packages() {
   local missing=()
   command -v containerd >/dev/null || missing+=(containerd)
   command -v runc >/dev/null || missing+=(runc)
   dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || missing+=(busybox-static)
   command -v python3 >/dev/null || missing+=(python3)
+  command -v systemd-analyze >/dev/null || missing+=(systemd)
   if ((${#missing[@]})); then
     echo "installing ${missing[*]}" >&2
     apt-get update -qq

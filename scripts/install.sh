@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Installs crr-proxy on a node: the binary, the systemd units, the settings
+# file, and kubelet's runtime and image endpoints pointed at the proxy
+# socket. Safe to run again; `--uninstall` undoes it and restores kubelet's
+# configuration as it was.
+#
+#   scripts/install.sh [--binary PATH] [--kubelet-config PATH] [--uninstall]
+#
+#   --binary PATH          crr-proxy to install (default: target/release/crr-proxy)
+#   --kubelet-config PATH  KubeletConfiguration file (default: /var/lib/kubelet/config.yaml)
+#   DESTDIR=/some/root     install under another root (packaging, tests); then
+#                          nothing is started or restarted
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+binary=target/release/crr-proxy
+kubelet_config=/var/lib/kubelet/config.yaml
+uninstall=false
+while (($#)); do
+  case "$1" in
+    --binary) binary="$2"; shift 2 ;;
+    --kubelet-config) kubelet_config="$2"; shift 2 ;;
+    --uninstall) uninstall=true; shift ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "install.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+root="${DESTDIR:-}"
+socket=unix:///run/crr-proxy/crr-proxy.sock
+bin_path="$root/usr/local/bin/crr-proxy"
+unit_dir="$root/etc/systemd/system"
+conf_dir="$root/etc/crr-proxy"
+kubelet_file="$root$kubelet_config"
+backup="$conf_dir/kubelet-config.orig"
+
+live_systemd() { [[ -z "$root" && -d /run/systemd/system ]] && command -v systemctl >/dev/null; }
+
+if $uninstall; then
+  if live_systemd; then
+    systemctl disable --now crr-proxy.service crr-proxy.socket || true
+  fi
+  if [[ -f "$backup" ]]; then
+    cp -p "$backup" "$kubelet_file"
+    echo "restored $kubelet_config"
+  fi
+  rm -f "$bin_path" "$unit_dir/crr-proxy.socket" "$unit_dir/crr-proxy.service" \
+    "$backup" "$conf_dir/crr-proxy.env"
+  rmdir "$conf_dir" 2>/dev/null || true
+  if live_systemd; then
+    systemctl daemon-reload
+    systemctl restart kubelet.service || true
+  fi
+  echo "crr-proxy uninstalled"
+  exit 0
+fi
+
+[[ -x "$binary" ]] || { echo "install.sh: $binary not found; build it with: cargo build --release" >&2; exit 1; }
+install -D -m 0755 "$binary" "$bin_path"
+install -D -m 0644 systemd/crr-proxy.socket "$unit_dir/crr-proxy.socket"
+install -D -m 0644 systemd/crr-proxy.service "$unit_dir/crr-proxy.service"
+install -d -m 0750 "$conf_dir"
+# The operator's settings survive re-installs and upgrades.
+[[ -e "$conf_dir/crr-proxy.env" ]] || install -m 0640 systemd/crr-proxy.env "$conf_dir/crr-proxy.env"
+
+if [[ -f "$kubelet_file" ]]; then
+  # Keep the first original only: a second run must not back up our edit.
+  [[ -e "$backup" ]] || cp -p "$kubelet_file" "$backup"
+  for key in containerRuntimeEndpoint imageServiceEndpoint; do
+    if grep -q "^$key:" "$kubelet_file"; then
+      sed -i "s|^$key:.*|$key: $socket|" "$kubelet_file"
+    else
+      echo "$key: $socket" >>"$kubelet_file"
+    fi
+  done
+  echo "pointed kubelet ($kubelet_config) at $socket"
+else
+  echo "no $kubelet_config: set kubelet's containerRuntimeEndpoint and imageServiceEndpoint to $socket" >&2
+fi
+
+if live_systemd; then
+  systemctl daemon-reload
+  systemctl enable --now crr-proxy.socket crr-proxy.service
+  systemctl restart kubelet.service
+fi
+echo "crr-proxy installed"
