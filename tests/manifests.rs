@@ -1,0 +1,59 @@
+//! The manifests in deploy/ are what they claim to be.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+use crr_proxy::cri::v1::ContainerState;
+use crr_proxy::crr::ContainerRecreateRequest;
+use crr_proxy::crr::admission::admit;
+use crr_proxy::crr::state::{PodContainers, RuntimeContainer};
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::json;
+
+fn deploy(path: &str) -> String {
+    std::fs::read_to_string(format!("{}/deploy/{path}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+}
+
+#[test]
+fn every_example_crr_is_accepted_as_the_webhook_would() {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "web-0", "namespace": "shop", "uid": "u-1"},
+        "spec": {"nodeName": "node-a", "terminationGracePeriodSeconds": 30,
+                 "containers": [{"name": "app"}, {"name": "sidecar"}]},
+        "status": {"phase": "Running", "containerStatuses": [
+            {"name": "app", "containerID": "containerd://a", "ready": true, "restartCount": 0, "image": "i", "imageID": ""},
+            {"name": "sidecar", "containerID": "containerd://s", "ready": true, "restartCount": 0, "image": "i", "imageID": ""}]}
+    }))
+    .unwrap();
+    let runtime = PodContainers::new(
+        ["app", "sidecar"]
+            .map(|name| RuntimeContainer {
+                id: format!("containerd://{name}"),
+                name: name.into(),
+                restart_count: 0,
+                state: ContainerState::ContainerRunning,
+                created_at: 1,
+                started_at: Some(1),
+            })
+            .to_vec(),
+    );
+    let dir = format!("{}/deploy/examples", env!("CARGO_MANIFEST_DIR"));
+    let mut seen = 0;
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let text = std::fs::read_to_string(entry.path()).unwrap();
+        let crr: ContainerRecreateRequest = serde_saphyr::from_str(&text)
+            .unwrap_or_else(|e| panic!("{}: {e}", entry.path().display()));
+        assert_eq!(crr.spec.pod_name, "web-0");
+        admit(&crr, &pod, &runtime)
+            .unwrap_or_else(|e| panic!("{}: refused: {e}", entry.path().display()));
+        seen += 1;
+    }
+    assert_eq!(seen, 5);
+}
+
+#[test]
+fn the_kubelet_snippet_points_both_endpoints_at_the_proxy_socket() {
+    let config: serde_json::Value = serde_saphyr::from_str(&deploy("kubelet-config.yaml")).unwrap();
+    assert_eq!(config["kind"], "KubeletConfiguration");
+    for key in ["containerRuntimeEndpoint", "imageServiceEndpoint"] {
+        assert_eq!(config[key], "unix:///run/crr-proxy/crr-proxy.sock", "{key}");
+    }
+}
