@@ -105,6 +105,23 @@ struct Agent {
     standalone: Option<standalone::Parts>,
 }
 
+/// The Kubernetes client configuration: `--kubeconfig`, else `$KUBECONFIG`
+/// or `~/.kube/config`, else the in-cluster service account.
+pub async fn kube_config(settings: &AgentSettings) -> Result<kube::Config, AgentError> {
+    match &settings.kubeconfig {
+        Some(path) => {
+            let kubeconfig = Kubeconfig::read_from(path)
+                .map_err(|e| AgentError::KubeConfig(format!("{}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| AgentError::KubeConfig(format!("{}: {e}", path.display())))
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| AgentError::KubeConfig(e.to_string())),
+    }
+}
+
 /// Loads the Kubernetes client configuration (a bad kubeconfig fails here,
 /// at start-up) and runs the agent on a thread and runtime of its own.
 /// Reaching the API server is the agent's business alone: the proxy starts
@@ -114,18 +131,7 @@ pub async fn spawn(
     runtime: &Endpoint,
     synced: watch::Sender<bool>,
 ) -> Result<(), AgentError> {
-    let config = match &settings.kubeconfig {
-        Some(path) => {
-            let kubeconfig = Kubeconfig::read_from(path)
-                .map_err(|e| AgentError::KubeConfig(format!("{}: {e}", path.display())))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                .await
-                .map_err(|e| AgentError::KubeConfig(format!("{}: {e}", path.display())))?
-        }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| AgentError::KubeConfig(e.to_string()))?,
-    };
+    let config = kube_config(settings).await?;
     let node_name = settings.node_name.clone();
     let mode = settings.mode;
     let endpoint = runtime.clone();

@@ -20,8 +20,22 @@ pub struct Cli {
 pub enum Command {
     /// Serve the CRI proxy socket (and the agent, when enabled).
     Run(RunArgs),
+    /// Check what crr-proxy depends on (runtime, socket path, kubelet,
+    /// Kubernetes credentials and RBAC, CRD, node) and print a table; exits
+    /// non-zero when a check fails. Takes the same settings as `run`.
+    Check(CheckArgs),
     /// Print the ContainerRecreateRequest CRD (apply it with kubectl).
     Crd,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub run: RunArgs,
+
+    /// kubelet's configuration file, to check its runtime endpoints.
+    #[arg(long, default_value = "/var/lib/kubelet/config.yaml")]
+    pub kubelet_config: PathBuf,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -169,7 +183,7 @@ mod tests {
         argv.extend_from_slice(args);
         Cli::try_parse_from(argv).map(|cli| match cli.command {
             Command::Run(run) => run,
-            Command::Crd => panic!("parsed `run` as `crd`"),
+            other => panic!("parsed `run` as {other:?}"),
         })
     }
 

@@ -4,6 +4,7 @@
 //! - [`proxy`]: the raw HTTP/2 passthrough on a unix socket.
 //! - [`agent`]: the CRR node agent (`--agent kruise`).
 //! - [`admin`]: `/healthz` and `/readyz`.
+//! - [`check`]: `crr-proxy check`.
 //! - [`cri`]: crr-proxy's own CRI client, generated from `proto/`.
 //! - [`kill`]: stops a container as kubelet does (preStop, then StopContainer).
 //! - [`crr`]: the ContainerRecreateRequest API and the agent's decision rules.
@@ -13,6 +14,7 @@
 
 pub mod admin;
 pub mod agent;
+pub mod check;
 pub mod config;
 pub mod cri;
 pub mod crr;

@@ -11,6 +11,35 @@ const EXIT_USAGE: u8 = 2;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Check(args) => {
+            let config = match args.run.validate() {
+                Ok(config) => config,
+                Err(error) => {
+                    eprintln!("crr-proxy: {error}");
+                    return ExitCode::from(EXIT_USAGE);
+                }
+            };
+            let report = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map(|runtime| {
+                    runtime.block_on(crr_proxy::check::run(&config, &args.kubelet_config))
+                });
+            match report {
+                Ok(report) => {
+                    print!("{report}");
+                    if report.failed() {
+                        ExitCode::FAILURE
+                    } else {
+                        ExitCode::SUCCESS
+                    }
+                }
+                Err(error) => {
+                    eprintln!("crr-proxy: start the async runtime: {error}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Crd => match crr_proxy::crr::crd_manifest() {
             Ok(manifest) => {
                 print!("{manifest}");

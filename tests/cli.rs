@@ -89,18 +89,6 @@ async fn probe(addr: &str, path: &str) -> u16 {
         .unwrap_or(0)
 }
 
-fn write_kubeconfig(path: &std::path::Path, server: &str) {
-    std::fs::write(
-        path,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"{server}\"}}}}]\n\
-             users: [{{name: u, user: {{}}}}]\ncontexts: [{{name: c, context: {{cluster: fake, user: u}}}}]\n\
-             current-context: c\n"
-        ),
-    )
-    .unwrap();
-}
-
 fn free_addr() -> String {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -116,7 +104,7 @@ async fn without_an_api_server_the_proxy_serves_but_is_not_ready() {
     let listen = support::temp_socket("no-api");
     let kubeconfig = listen.with_file_name("kubeconfig");
     // Nobody listens there.
-    write_kubeconfig(&kubeconfig, &format!("http://{}", free_addr()));
+    support::write_kubeconfig(&kubeconfig, &format!("http://{}", free_addr()));
     let addr = free_addr();
     let mut child = crr_proxy()
         .arg("run")
@@ -157,7 +145,7 @@ async fn kruise_mode_serves_probes_once_the_crr_watch_has_synced() {
     let upstream = FakeUpstream::start();
     let listen = support::temp_socket("agent");
     let kubeconfig = listen.with_file_name("kubeconfig");
-    write_kubeconfig(&kubeconfig, &api.url);
+    support::write_kubeconfig(&kubeconfig, &api.url);
     let addr = free_addr();
     let mut child = crr_proxy()
         .arg("run")

@@ -267,6 +267,9 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
 }
 
 struct Inner {
+    /// "verb resource[/subresource]" a SelfSubjectAccessReview answers
+    /// "not allowed" for; everything else is allowed.
+    denied: Mutex<Vec<String>>,
     store: Mutex<Store>,
     changes: broadcast::Sender<Change>,
     admission: Mutex<Vec<Admission>>,
@@ -288,6 +291,7 @@ impl FakeApiServer {
             .expect("bind fake API server");
         let url = format!("http://{}", listener.local_addr().expect("local address"));
         let inner = Arc::new(Inner {
+            denied: Mutex::new(Vec::new()),
             store: Mutex::new(Store {
                 rv: 1,
                 objects: BTreeMap::new(),
@@ -322,6 +326,11 @@ impl FakeApiServer {
         let mut config = kube::Config::new(self.url.parse().expect("server URL"));
         config.default_namespace = "default".into();
         kube::Client::try_from(config).expect("kube client")
+    }
+
+    /// Makes SelfSubjectAccessReviews deny `rule` ("verb resource[/sub]").
+    pub fn deny(&self, rule: &str) {
+        lock(&self.inner.denied).push(rule.to_owned());
     }
 
     pub fn add_admission(&self, hook: Admission) {
@@ -673,6 +682,41 @@ impl FakeApiServer {
                     .collect()
             })
             .unwrap_or_default();
+        if path == ["version"] {
+            let info = json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0", "gitCommit": "fake",
+                "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.24",
+                "compiler": "gc", "platform": "linux/amd64"});
+            return Ok(respond(200, &info));
+        }
+        if parts.method == Method::POST
+            && path
+                == [
+                    "apis",
+                    "authorization.k8s.io",
+                    "v1",
+                    "selfsubjectaccessreviews",
+                ]
+        {
+            let body = body
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            let mut review: Value = serde_json::from_slice(&body)
+                .map_err(|e| ApiError::new(400, "BadRequest", e.to_string()))?;
+            let attributes = &review["spec"]["resourceAttributes"];
+            let mut rule = format!(
+                "{} {}",
+                attributes["verb"].as_str().unwrap_or(""),
+                attributes["resource"].as_str().unwrap_or("")
+            );
+            if let Some(sub) = attributes["subresource"].as_str().filter(|s| !s.is_empty()) {
+                rule = format!("{rule}/{sub}");
+            }
+            let allowed = !lock(&self.inner.denied).contains(&rule);
+            review["status"] = json!({"allowed": allowed});
+            return Ok(respond(201, &review));
+        }
         let (group_version, rest) = match path.as_slice() {
             ["api", version, rest @ ..] => ((*version).to_owned(), rest),
             ["apis", group, version, rest @ ..] => (format!("{group}/{version}"), rest),

@@ -118,6 +118,19 @@ pub fn wait_for_path(path: &Path) {
     }
 }
 
+/// A kubeconfig for an API server at `server`, without credentials.
+pub fn write_kubeconfig(path: &Path, server: &str) {
+    std::fs::write(
+        path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"{server}\"}}}}]\n\
+             users: [{{name: u, user: {{}}}}]\ncontexts: [{{name: c, context: {{cluster: fake, user: u}}}}]\n\
+             current-context: c\n"
+        ),
+    )
+    .expect("write kubeconfig");
+}
+
 /// Logs to the test output when `CRR_PROXY_LOG` is set.
 pub fn init_logging() {
     if std::env::var_os("CRR_PROXY_LOG").is_some() {

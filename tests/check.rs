@@ -1,0 +1,124 @@
+//! `crr-proxy check` against a real containerd and the fake API server.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::json;
+use support::apiserver::{FakeApiServer, Resource};
+use support::containerd::Containerd;
+
+fn check(args: &[&str], kubeconfig: &Path, kubelet: &Path) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_crr-proxy"))
+        .arg("check")
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--kubelet-config")
+        .arg(kubelet)
+        .env_remove("LISTEN_FDS")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+fn row<'a>(table: &'a str, check: &str) -> &'a str {
+    table
+        .lines()
+        .find(|l| l.starts_with(check))
+        .unwrap_or_else(|| panic!("no {check} row:\n{table}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn everything_in_place_passes_and_each_gap_fails_by_name() {
+    let ctrd = tokio::task::spawn_blocking(Containerd::start)
+        .await
+        .unwrap()
+        .unwrap();
+    let api = FakeApiServer::start().await;
+    api.create(Resource::Node, "", json!({"metadata": {"name": "node-a"}}))
+        .unwrap();
+    let dir = ctrd.scratch("check");
+    let kubeconfig = dir.join("kubeconfig");
+    support::write_kubeconfig(&kubeconfig, &api.url);
+    let listen = dir.join("run/proxy.sock");
+    let kubelet = dir.join("kubelet.yaml");
+    let socket = format!("unix://{}", listen.display());
+    std::fs::write(
+        &kubelet,
+        format!("kind: KubeletConfiguration\ncontainerRuntimeEndpoint: {socket}\nimageServiceEndpoint: {socket}\n"),
+    )
+    .unwrap();
+    let runtime = ctrd.endpoint().to_string();
+    let args = [
+        "--runtime-endpoint",
+        &runtime,
+        "--listen",
+        listen.to_str().unwrap(),
+        "--agent",
+        "standalone",
+        "--node-name",
+        "node-a",
+    ];
+
+    let (code, table) = tokio::task::spawn_blocking({
+        let (kubeconfig, kubelet) = (kubeconfig.clone(), kubelet.clone());
+        let args = args.map(String::from);
+        move || check(&args.each_ref().map(String::as_str), &kubeconfig, &kubelet)
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 0, "{table}");
+    for check in [
+        "runtime endpoint",
+        "listen path",
+        "kubelet endpoints",
+        "kubeconfig",
+        "API server",
+        "RBAC",
+        "CRD",
+        "node name",
+    ] {
+        assert!(row(&table, check).contains("pass"), "{check}:\n{table}");
+    }
+    assert!(
+        row(&table, "runtime endpoint").contains("containerd"),
+        "{table}"
+    );
+
+    // Now break things, one per check.
+    api.deny("patch pods/status");
+    std::fs::write(&kubelet, "kind: KubeletConfiguration\ncontainerRuntimeEndpoint: unix:///run/containerd/containerd.sock\n").unwrap();
+    let absent = format!("unix://{}", dir.join("absent.sock").display());
+    let broken = [
+        "--runtime-endpoint",
+        &absent,
+        "--listen",
+        listen.to_str().unwrap(),
+        "--agent",
+        "standalone",
+        "--node-name",
+        "node-z",
+    ];
+    let (code, table) = tokio::task::spawn_blocking({
+        let (kubeconfig, kubelet) = (kubeconfig.clone(), kubelet.clone());
+        let args = broken.map(String::from);
+        move || check(&args.each_ref().map(String::as_str), &kubeconfig, &kubelet)
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 1, "{table}");
+    assert!(row(&table, "runtime endpoint").contains("FAIL"), "{table}");
+    assert!(row(&table, "kubelet endpoints").contains("FAIL"), "{table}");
+    assert!(
+        row(&table, "RBAC").contains("denied: patch pods/status"),
+        "{table}"
+    );
+    assert!(row(&table, "node name").contains("FAIL"), "{table}");
+    assert!(row(&table, "CRD").contains("pass"), "{table}");
+}
