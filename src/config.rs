@@ -1,9 +1,13 @@
-//! The command line. Every flag can also come from `CRR_PROXY_<FLAG>`.
+//! The command line. Every setting of `run` and `check` comes, in this order
+//! of precedence, from a flag, from `CRR_PROXY_<FLAG>`, from the settings
+//! file (`--config`, default `/etc/crr-proxy/config.toml`, optional), or
+//! from the built-in default.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
 use crate::proxy::{Endpoint, Routes};
 
@@ -38,8 +42,16 @@ pub struct CheckArgs {
     pub kubelet_config: PathBuf,
 }
 
+/// Where the settings file is looked for when `--config` is not given.
+pub const DEFAULT_CONFIG_FILE: &str = "/etc/crr-proxy/config.toml";
+
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
+    /// Settings file (TOML, keys named as the flags: `runtime-endpoint =
+    /// "unix:///..."`). Flags and CRR_PROXY_* variables win over it.
+    #[arg(long, env = "CRR_PROXY_CONFIG", default_value = DEFAULT_CONFIG_FILE)]
+    pub config: PathBuf,
+
     /// Unix socket kubelet connects to (its containerRuntimeEndpoint and
     /// imageServiceEndpoint). Ignored under systemd socket activation.
     #[arg(
@@ -101,6 +113,8 @@ pub enum LogFormat {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
+    #[error("{path}: {reason}")]
+    File { path: String, reason: String },
     #[error("--agent needs this node's name: set --node-name (CRR_PROXY_NODE_NAME)")]
     NoNodeName,
 }
@@ -164,6 +178,82 @@ impl RunArgs {
             metrics_addr: self.metrics_addr,
         })
     }
+}
+
+/// Parses the command line, filling the settings neither a flag nor a
+/// variable gave from the settings file.
+pub fn parse(argv: Vec<std::ffi::OsString>) -> Result<Cli, ParseError> {
+    let matches = Cli::command().try_get_matches_from(&argv)?;
+    let Some((name, sub)) = matches.subcommand() else {
+        return Ok(<Cli as clap::FromArgMatches>::from_arg_matches(&matches)?);
+    };
+    if !matches!(name, "run" | "check") {
+        return Ok(<Cli as clap::FromArgMatches>::from_arg_matches(&matches)?);
+    }
+    let explicit = sub.value_source("config") != Some(ValueSource::DefaultValue);
+    let path: PathBuf = sub
+        .get_one::<PathBuf>("config")
+        .cloned()
+        .unwrap_or_default();
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        // The default file is optional; one asked for by name is not.
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound && !explicit => {
+            return Ok(<Cli as clap::FromArgMatches>::from_arg_matches(&matches)?);
+        }
+        Err(error) => return Err(file_error(&path, error.to_string())),
+    };
+    let table: toml::Table = toml::from_str(&text).map_err(|e| file_error(&path, e.to_string()))?;
+    let mut argv = argv;
+    for (key, value) in table {
+        let known = Cli::command().find_subcommand(name).is_some_and(|c| {
+            c.get_arguments()
+                .any(|a| a.get_id() == key.replace('-', "_").as_str())
+        });
+        if !known || key == "config" {
+            return Err(file_error(&path, format!("unknown setting {key:?}")));
+        }
+        let id = key.replace('-', "_");
+        if !from_default(sub, &id) {
+            continue;
+        }
+        let value = match value {
+            toml::Value::String(s) => s,
+            toml::Value::Integer(n) => n.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            other => {
+                let kind = other.type_str();
+                return Err(file_error(
+                    &path,
+                    format!("{key}: expected a string, got a {kind}"),
+                ));
+            }
+        };
+        argv.push(format!("--{key}={value}").into());
+    }
+    Ok(Cli::try_parse_from(argv)?)
+}
+
+fn from_default(matches: &ArgMatches, id: &str) -> bool {
+    matches!(
+        matches.value_source(id),
+        None | Some(ValueSource::DefaultValue)
+    )
+}
+
+fn file_error(path: &std::path::Path, reason: String) -> ParseError {
+    ParseError::Config(ConfigError::File {
+        path: path.display().to_string(),
+        reason,
+    })
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ParseError {
+    #[error(transparent)]
+    Clap(#[from] clap::Error),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
 }
 
 /// The host name, lower-cased: kubelet's default node name.
@@ -251,6 +341,66 @@ mod tests {
             host_name().unwrap()
         );
         assert!(parse(&[]).unwrap().validate().unwrap().agent.is_none());
+    }
+
+    fn settings_file(name: &str, text: &str) -> PathBuf {
+        let path = std::env::temp_dir().join(format!(
+            "crr-proxy-config-{}-{name}.toml",
+            std::process::id()
+        ));
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    fn run_from(argv: &[&str]) -> Result<RunArgs, ParseError> {
+        super::parse(argv.iter().map(Into::into).collect()).map(|cli| match cli.command {
+            Command::Run(run) => run,
+            other => panic!("not run: {other:?}"),
+        })
+    }
+
+    #[test]
+    fn the_settings_file_fills_what_flags_leave_unset() {
+        let file = settings_file(
+            "fill",
+            "listen = \"/tmp/from-file.sock\"\nruntime-endpoint = \"unix:///file.sock\"\nagent = \"kruise\"\n",
+        );
+        let run = run_from(&[
+            "crr-proxy",
+            "run",
+            "--config",
+            file.to_str().unwrap(),
+            "--listen",
+            "/tmp/flag.sock",
+        ])
+        .unwrap();
+        assert_eq!(
+            run.listen,
+            PathBuf::from("/tmp/flag.sock"),
+            "a flag wins over the file"
+        );
+        assert_eq!(run.runtime_endpoint.to_string(), "unix:///file.sock");
+        assert_eq!(run.agent, AgentMode::Kruise);
+        let _ = std::fs::remove_file(file);
+    }
+
+    #[test]
+    fn settings_file_errors_are_clear() {
+        let file = settings_file("unknown", "no-such-setting = 1\n");
+        let err = run_from(&["crr-proxy", "run", "--config", file.to_str().unwrap()]).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("unknown setting \"no-such-setting\""),
+            "{err}"
+        );
+        let _ = std::fs::remove_file(&file);
+        let err = run_from(&["crr-proxy", "run", "--config", "/nonexistent/crr.toml"]).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/crr.toml"), "{err}");
+        // The default file may be absent.
+        assert!(
+            run_from(&["crr-proxy", "run"]).is_ok()
+                || std::path::Path::new(DEFAULT_CONFIG_FILE).exists()
+        );
     }
 
     #[test]

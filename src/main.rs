@@ -1,15 +1,21 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::Parser;
-use crr_proxy::config::{Cli, Command};
+use crr_proxy::config::Command;
 use tokio::signal::unix::{SignalKind, signal};
 
 /// Exit status for a configuration the user has to fix (as clap's own).
 const EXIT_USAGE: u8 = 2;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match crr_proxy::config::parse(std::env::args_os().collect()) {
+        Ok(cli) => cli,
+        Err(crr_proxy::config::ParseError::Clap(error)) => error.exit(),
+        Err(error) => {
+            eprintln!("crr-proxy: {error}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
     match cli.command {
         Command::Check(args) => {
             let config = match args.run.validate() {

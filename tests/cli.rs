@@ -399,3 +399,51 @@ async fn restarts_under_load_lose_no_call_with_socket_activation() {
     );
     support::remove_socket_dir(&listen);
 }
+
+#[test]
+fn settings_come_from_flags_then_environment_then_the_settings_file() {
+    let dir = support::temp_socket("settings");
+    let file = dir.with_file_name("config.toml");
+    std::fs::write(
+        &file,
+        "runtime-endpoint = \"unix:///from-file.sock\"\nlisten = \"/nonexistent/from-file.sock\"\n\
+         image-endpoint = \"unix:///image-from-file.sock\"\n",
+    )
+    .unwrap();
+    let out = crr_proxy()
+        .args(["check", "--kubelet-config", "/nonexistent/kubelet.yaml"])
+        .args(["--image-endpoint", "unix:///image-from-flag.sock"])
+        .env("CRR_PROXY_CONFIG", &file)
+        .env("CRR_PROXY_RUNTIME_ENDPOINT", "unix:///from-env.sock")
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    let row = |name: &str| {
+        table
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or("")
+            .to_owned()
+    };
+    assert!(
+        row("runtime endpoint").contains("unix:///from-env.sock"),
+        "env over file:\n{table}"
+    );
+    assert!(
+        row("image endpoint").contains("unix:///image-from-flag.sock"),
+        "flag over file:\n{table}"
+    );
+    assert!(
+        row("listen path").contains("/nonexistent/from-file.sock"),
+        "file over default:\n{table}"
+    );
+
+    std::fs::write(&file, "runtime-endpoint = [1]\n").unwrap();
+    let out = crr_proxy()
+        .args(["run", "--config", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("runtime-endpoint: expected a string"));
+    support::remove_socket_dir(&dir);
+}
