@@ -756,63 +756,58 @@ async fn standalone_a_pod_deleted_mid_recreate_completes_the_crr() {
     assert_eq!(done["status"]["message"], "pod has gone");
 }
 
-macro_rules! tests_in {
-    ($mode:ident: $($name:ident),* $(,)?) => {
-        $(
+/// Each scenario, once next to kruise-manager and once standalone.
+macro_rules! in_both_modes {
+    ($($name:ident),* $(,)?) => {
+        mod kruise {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name(super::Mode::Kruise).await
+                }
+            )*
+
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                super::$name(super::Mode::$mode).await
+            async fn bad_crrs_get_their_documented_outcome_and_delay_no_one() {
+                super::bad_crrs_get_their_documented_outcome_and_delay_no_one().await
             }
-        )*
+        }
+
+        mod standalone {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name(super::Mode::Standalone).await
+                }
+            )*
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn refusals_complete_with_the_webhooks_messages() {
+                super::standalone_refusals_complete_with_the_webhooks_messages().await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn a_crr_before_the_containers_started_is_refused() {
+                super::standalone_a_crr_before_the_containers_started_is_refused().await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn a_pod_deleted_mid_recreate_completes_the_crr() {
+                super::standalone_a_pod_deleted_mid_recreate_completes_the_crr().await
+            }
+        }
     };
 }
 
-mod kruise {
-    tests_in!(Kruise:
-        e2e_1a_simple_container_with_min_started_seconds_and_ttl,
-        e2e_1b_two_containers_without_strategy,
-        e2e_2a_unordered_does_not_wait_for_readiness,
-        e2e_2b_ordered_waits_for_the_previous_container,
-        e2e_3a_pre_stop_runs_fully_and_kills_are_sequential,
-        e2e_3b_active_deadline_completes_while_the_kill_goes_on,
-        e2e_3c_unready_grace_and_a_short_termination_grace,
-        e2e_4a_and_4b_force_recreate,
-        two_crrs_for_one_pod_back_to_back_both_complete,
-        a_watch_compacted_mid_recreate_relists_and_loses_nothing,
-    );
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn bad_crrs_get_their_documented_outcome_and_delay_no_one() {
-        super::bad_crrs_get_their_documented_outcome_and_delay_no_one().await
-    }
-}
-
-mod standalone {
-    tests_in!(Standalone:
-        e2e_1a_simple_container_with_min_started_seconds_and_ttl,
-        e2e_1b_two_containers_without_strategy,
-        e2e_2a_unordered_does_not_wait_for_readiness,
-        e2e_2b_ordered_waits_for_the_previous_container,
-        e2e_3a_pre_stop_runs_fully_and_kills_are_sequential,
-        e2e_3b_active_deadline_completes_while_the_kill_goes_on,
-        e2e_3c_unready_grace_and_a_short_termination_grace,
-        e2e_4a_and_4b_force_recreate,
-        two_crrs_for_one_pod_back_to_back_both_complete,
-        a_watch_compacted_mid_recreate_relists_and_loses_nothing,
-    );
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn refusals_complete_with_the_webhooks_messages() {
-        super::standalone_refusals_complete_with_the_webhooks_messages().await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_crr_before_the_containers_started_is_refused() {
-        super::standalone_a_crr_before_the_containers_started_is_refused().await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn a_pod_deleted_mid_recreate_completes_the_crr() {
-        super::standalone_a_pod_deleted_mid_recreate_completes_the_crr().await
-    }
-}
+in_both_modes!(
+    e2e_1a_simple_container_with_min_started_seconds_and_ttl,
+    e2e_1b_two_containers_without_strategy,
+    e2e_2a_unordered_does_not_wait_for_readiness,
+    e2e_2b_ordered_waits_for_the_previous_container,
+    e2e_3a_pre_stop_runs_fully_and_kills_are_sequential,
+    e2e_3b_active_deadline_completes_while_the_kill_goes_on,
+    e2e_3c_unready_grace_and_a_short_termination_grace,
+    e2e_4a_and_4b_force_recreate,
+    two_crrs_for_one_pod_back_to_back_both_complete,
+    a_watch_compacted_mid_recreate_relists_and_loses_nothing,
+);

@@ -98,15 +98,14 @@ fn free_addr() -> String {
     format!("127.0.0.1:{port}")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_an_api_server_the_proxy_serves_but_is_not_ready() {
-    let upstream = FakeUpstream::start();
-    let listen = support::temp_socket("no-api");
-    let kubeconfig = listen.with_file_name("kubeconfig");
-    // Nobody listens there.
-    support::write_kubeconfig(&kubeconfig, &format!("http://{}", free_addr()));
-    let addr = free_addr();
-    let mut child = crr_proxy()
+/// `crr-proxy run --agent kruise` in front of `upstream`, with probes on `addr`.
+fn run_with_agent(
+    listen: &std::path::Path,
+    upstream: &FakeUpstream,
+    kubeconfig: &std::path::Path,
+    addr: &str,
+) -> std::process::Child {
+    let child = crr_proxy()
         .arg("run")
         .args(["--listen", listen.to_str().unwrap()])
         .args(["--runtime-endpoint", &upstream.endpoint().to_string()])
@@ -116,14 +115,19 @@ async fn without_an_api_server_the_proxy_serves_but_is_not_ready() {
             "--node-name",
             "node-a",
             "--metrics-addr",
-            &addr,
+            addr,
         ])
         .arg("--kubeconfig")
-        .arg(&kubeconfig)
+        .arg(kubeconfig)
         .spawn()
         .unwrap();
-    support::wait_for_path(&listen);
-    let mut sender = raw::connect(&listen).await.unwrap();
+    support::wait_for_path(listen);
+    child
+}
+
+/// One call through the proxy on `listen` reaches the fake upstream.
+async fn assert_proxies(listen: &std::path::Path) {
+    let mut sender = raw::connect(listen).await.unwrap();
     let response = raw::send(&mut sender, raw::grpc_request(upstream::FIXED, &[], vec![]))
         .await
         .unwrap();
@@ -131,6 +135,18 @@ async fn without_an_api_server_the_proxy_serves_but_is_not_ready() {
         raw::record(response).await.unwrap().data,
         upstream::fixed_body()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_api_server_the_proxy_serves_but_is_not_ready() {
+    let upstream = FakeUpstream::start();
+    let listen = support::temp_socket("no-api");
+    let kubeconfig = listen.with_file_name("kubeconfig");
+    // Nobody listens there.
+    support::write_kubeconfig(&kubeconfig, &format!("http://{}", free_addr()));
+    let addr = free_addr();
+    let mut child = run_with_agent(&listen, &upstream, &kubeconfig, &addr);
+    assert_proxies(&listen).await;
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     assert_eq!(probe(&addr, "/healthz").await, 503);
     assert_eq!(probe(&addr, "/readyz").await, 503);
@@ -147,23 +163,7 @@ async fn kruise_mode_serves_probes_once_the_crr_watch_has_synced() {
     let kubeconfig = listen.with_file_name("kubeconfig");
     support::write_kubeconfig(&kubeconfig, &api.url);
     let addr = free_addr();
-    let mut child = crr_proxy()
-        .arg("run")
-        .args(["--listen", listen.to_str().unwrap()])
-        .args(["--runtime-endpoint", &upstream.endpoint().to_string()])
-        .args([
-            "--agent",
-            "kruise",
-            "--node-name",
-            "node-a",
-            "--metrics-addr",
-            &addr,
-        ])
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .spawn()
-        .unwrap();
-    support::wait_for_path(&listen);
+    let mut child = run_with_agent(&listen, &upstream, &kubeconfig, &addr);
     let mut healthy = 0;
     for _ in 0..100 {
         healthy = probe(&addr, "/healthz").await;
@@ -175,14 +175,7 @@ async fn kruise_mode_serves_probes_once_the_crr_watch_has_synced() {
     assert_eq!(healthy, 200, "/healthz never became ready");
     assert_eq!(probe(&addr, "/readyz").await, 200);
     // The proxy serves alongside.
-    let mut sender = raw::connect(&listen).await.unwrap();
-    let response = raw::send(&mut sender, raw::grpc_request(upstream::FIXED, &[], vec![]))
-        .await
-        .unwrap();
-    assert_eq!(
-        raw::record(response).await.unwrap().data,
-        upstream::fixed_body()
-    );
+    assert_proxies(&listen).await;
     kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
     assert!(child.wait().unwrap().success());
     support::remove_socket_dir(&listen);
@@ -205,15 +198,7 @@ async fn serves_from_environment_settings_and_exits_cleanly_on_sigterm() {
         .unwrap();
     support::wait_for_path(&listen);
 
-    let mut sender = raw::connect(&listen).await.unwrap();
-    let response = raw::send(&mut sender, raw::grpc_request(upstream::FIXED, &[], vec![]))
-        .await
-        .unwrap();
-    assert_eq!(
-        raw::record(response).await.unwrap().data,
-        upstream::fixed_body()
-    );
-    drop(sender);
+    assert_proxies(&listen).await;
 
     // A second instance must not take over the live socket.
     let second = crr_proxy()
