@@ -52,10 +52,11 @@ impl Proxy {
     pub fn new(routes: Routes) -> Self {
         let mut server = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
         server
-            // Room for a full 16 MiB message per stream and several streams per
-            // connection, so one slow reader does not stall its neighbours.
+            // Several streams' worth per connection, so that one slow reader
+            // does not stall its neighbours; the connection window is also
+            // what one client that never reads can make the proxy hold.
             .initial_stream_window_size(4 << 20)
-            .initial_connection_window_size(32 << 20)
+            .initial_connection_window_size(16 << 20)
             // kubelet opens one connection per service and multiplexes on it;
             // well above its needs, well below what would let one client pin memory.
             .max_concurrent_streams(1024)

@@ -86,7 +86,7 @@ impl Upstream {
             .map_err(UpstreamError::Connect)?;
         let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
             .initial_stream_window_size(4 << 20)
-            .initial_connection_window_size(32 << 20)
+            .initial_connection_window_size(16 << 20)
             // The runtime is trusted; grpc-go allows up to 16 MiB of metadata.
             .max_header_list_size(16 << 20)
             .handshake(TokioIo::new(stream))

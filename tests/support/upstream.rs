@@ -24,6 +24,9 @@ use super::raw::grpc_frame;
 
 /// `/test.Fixed/Unary`: fixed headers, bytes and trailers (status 3).
 pub const FIXED: &str = "/test.Fixed/Unary";
+/// `/test.Big/Blob`: one [`BLOB`]-byte message, for flow-control tests.
+pub const BIG: &str = "/test.Big/Blob";
+pub const BLOB: usize = 16 << 20;
 /// `/test.Stream/Ticks`: [`TICKS`] messages, [`TICK_GAP`] apart, then trailers.
 pub const STREAM: &str = "/test.Stream/Ticks";
 pub const TICKS: usize = 4;
@@ -153,6 +156,20 @@ async fn answer(
         FIXED => {
             let _ = tx.send(Frame::data(Bytes::from(fixed_body()))).await;
             let _ = tx.send(Frame::trailers(fixed_trailers())).await;
+        }
+        BIG => {
+            tokio::spawn(async move {
+                let blob = Bytes::from(grpc_frame(&vec![0x42; BLOB]));
+                // In 1 MiB pieces, so that flow control paces the sender.
+                for piece in blob.chunks(1 << 20) {
+                    if tx.send(Frame::data(blob.slice_ref(piece))).await.is_err() {
+                        return;
+                    }
+                }
+                let mut trailers = HeaderMap::new();
+                trailers.insert("grpc-status", HeaderValue::from_static("0"));
+                let _ = tx.send(Frame::trailers(trailers)).await;
+            });
         }
         STREAM => {
             tokio::spawn(async move {
