@@ -292,3 +292,73 @@ async fn containerd_down_is_unavailable_then_the_same_proxy_recovers() {
         .into_inner();
     assert_eq!(version.runtime_name, "containerd");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containerd_restarted_under_load_fails_calls_only_with_unavailable() {
+    let mut ctrd = Containerd::start().unwrap();
+    let proxy = ProxyUnderTest::to(ctrd.endpoint());
+    let deadline = Duration::from_secs(2);
+    let load = tokio::spawn({
+        let cri = proxy.client();
+        async move {
+            let mut outcomes = Vec::new();
+            let until = Instant::now() + Duration::from_secs(4);
+            while Instant::now() < until {
+                let mut request = tonic::Request::new(VersionRequest::default());
+                request.set_timeout(deadline);
+                let started = Instant::now();
+                let result = cri
+                    .clone()
+                    .version(request)
+                    .await
+                    .map(|_| ())
+                    .map_err(|s| (s.code(), s.message().to_owned()));
+                outcomes.push((started.elapsed(), result));
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            outcomes
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    tokio::task::block_in_place(|| {
+        ctrd.pause().unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        ctrd.resume().unwrap();
+    });
+    let outcomes = load.await.unwrap();
+    let failed: Vec<_> = outcomes
+        .iter()
+        .filter_map(|(_, r)| r.as_ref().err())
+        .collect();
+    let ok = outcomes.len() - failed.len();
+    let unavailable = failed
+        .iter()
+        .filter(|(c, _)| *c == tonic::Code::Unavailable)
+        .count();
+    eprintln!(
+        "containerd restart under load: {ok} ok, {unavailable} UNAVAILABLE, others {:?}",
+        failed
+            .iter()
+            .filter(|(c, _)| *c != tonic::Code::Unavailable)
+            .collect::<Vec<_>>()
+    );
+    assert!(unavailable > 0, "the restart was not seen");
+    // The proxy's own answers are always UNAVAILABLE; anything else must be
+    // containerd's own answer (say, a call it was serving as it stopped),
+    // passed through as it is.
+    for (code, message) in &failed {
+        let from_proxy = message.contains("is unavailable:");
+        assert!(
+            *code == tonic::Code::Unavailable || !from_proxy,
+            "{code:?}: {message}"
+        );
+    }
+    let slowest = outcomes.iter().map(|(t, _)| *t).max().unwrap();
+    assert!(
+        slowest < deadline,
+        "a call outlived its deadline: {slowest:?}"
+    );
+    // Once containerd is back, every call succeeds again.
+    let tail = &outcomes[outcomes.len() - 20..];
+    assert!(tail.iter().all(|(_, r)| r.is_ok()), "{tail:?}");
+}

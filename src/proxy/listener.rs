@@ -16,6 +16,10 @@ pub enum ListenError {
     InUse { path: PathBuf },
     #[error("{path}: exists and is not a socket; refusing to replace it")]
     NotASocket { path: PathBuf },
+    #[error(
+        "{dir}: the socket's directory is writable by anyone; use a directory of its own (e.g. /run/crr-proxy)"
+    )]
+    WorldWritable { dir: PathBuf },
     #[error("{path}: {context}: {source}")]
     Io {
         path: PathBuf,
@@ -64,6 +68,16 @@ impl Listener {
         };
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(io_err("create parent directory"))?;
+            // Anyone who can write there could swap the socket kubelet uses.
+            let mode = std::fs::metadata(dir)
+                .map_err(io_err("inspect parent directory"))?
+                .permissions()
+                .mode();
+            if mode & 0o002 != 0 {
+                return Err(ListenError::WorldWritable {
+                    dir: dir.to_owned(),
+                });
+            }
         }
         match std::fs::symlink_metadata(path) {
             Ok(meta) if !meta.file_type().is_socket() => {
@@ -206,6 +220,20 @@ mod tests {
             other => panic!("expected InUse, got {other:?}"),
         }
         drop(live);
+    }
+
+    #[tokio::test]
+    async fn refuses_a_world_writable_directory() {
+        let scratch = Scratch::new("world");
+        let path = scratch.socket();
+        let dir = path.parent().unwrap();
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        assert!(matches!(
+            Listener::bind(&path),
+            Err(ListenError::WorldWritable { .. })
+        ));
+        assert!(!path.exists());
     }
 
     #[tokio::test]
