@@ -795,6 +795,11 @@ macro_rules! in_both_modes {
             async fn a_pod_deleted_mid_recreate_completes_the_crr() {
                 super::standalone_a_pod_deleted_mid_recreate_completes_the_crr().await
             }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn hostile_crrs_get_documented_outcomes() {
+                super::standalone_hostile_crrs_get_documented_outcomes().await
+            }
         }
     };
 }
@@ -811,3 +816,253 @@ in_both_modes!(
     two_crrs_for_one_pod_back_to_back_both_complete,
     a_watch_compacted_mid_recreate_relists_and_loses_nothing,
 );
+
+/// Hostile CRRs in standalone mode: each gets its documented outcome, no
+/// panic, and another Pod's CRR is not held up.
+async fn standalone_hostile_crrs_get_documented_outcomes() {
+    let cluster = Cluster::new(Mode::Standalone).await;
+    let pods = ["victim", "bystander"].map(|name| {
+        PodSpec::new(
+            name,
+            vec![
+                ContainerSpec::graceful("app"),
+                ContainerSpec::graceful("sidecar"),
+            ],
+        )
+    });
+    for pod in pods {
+        cluster.kubelet.run_pod(pod).await;
+    }
+    let mut hanger = ContainerSpec::graceful("app");
+    hanger.pre_stop = Some(json!({"exec": {"command": ["sleep", "100000"]}}));
+    cluster
+        .kubelet
+        .run_pod(PodSpec::new("hanger", vec![hanger]))
+        .await;
+
+    let many: Vec<Value> = (0..500).map(|i| json!({"name": format!("c{i}")})).collect();
+    let one = json!([{"name": "app"}]);
+    let max = i64::MAX;
+    // (name, pod, containers, strategy, extra spec, expected completion message or None = recreated)
+    let cases: Vec<(&str, &str, Value, Value, Value, Option<&str>)> = vec![
+        (
+            "huge-list",
+            "victim",
+            json!(many),
+            json!({}),
+            json!({}),
+            Some("container c0 not found in Pod"),
+        ),
+        (
+            "unknown-name",
+            "victim",
+            json!([{"name": "nope"}]),
+            json!({}),
+            json!({}),
+            Some("container nope not found in Pod"),
+        ),
+        (
+            "unicode-name",
+            "victim",
+            json!([{"name": "äpp-🚀"}]),
+            json!({}),
+            json!({}),
+            Some("container äpp-🚀 not found in Pod"),
+        ),
+        (
+            "no-containers",
+            "victim",
+            json!([]),
+            json!({}),
+            json!({}),
+            Some("containers list can not be null"),
+        ),
+        (
+            "twice",
+            "victim",
+            json!([{"name": "app"}, {"name": "app"}]),
+            json!({}),
+            json!({}),
+            Some("can not recreate app multi times"),
+        ),
+        (
+            "deadline-negative",
+            "victim",
+            one.clone(),
+            json!({}),
+            json!({"activeDeadlineSeconds": -1}),
+            Some("activeDeadlineSeconds can not be less than 3s"),
+        ),
+        (
+            "deadline-2",
+            "victim",
+            one.clone(),
+            json!({}),
+            json!({"activeDeadlineSeconds": 2}),
+            Some("activeDeadlineSeconds can not be less than 3s"),
+        ),
+        (
+            "grace-negative",
+            "victim",
+            one.clone(),
+            json!({"terminationGracePeriodSeconds": -3}),
+            json!({}),
+            Some("terminationGracePeriodSeconds must be non-negative integer"),
+        ),
+        (
+            "unready-negative",
+            "victim",
+            one.clone(),
+            json!({"unreadyGracePeriodSeconds": -1}),
+            json!({}),
+            Some("unreadyGracePeriodSeconds must be non-negative integer"),
+        ),
+        (
+            "policy",
+            "victim",
+            one.clone(),
+            json!({"failurePolicy": "Sometimes"}),
+            json!({}),
+            Some("unknown failurePolicy Sometimes"),
+        ),
+        (
+            "preset",
+            "victim",
+            json!([{"name": "app", "ports": [{"containerPort": 1}]}]),
+            json!({}),
+            json!({}),
+            Some("preStop, ports, statusContext in container are ready-only fields"),
+        ),
+        (
+            "deadline-huge",
+            "victim",
+            one.clone(),
+            json!({}),
+            json!({"activeDeadlineSeconds": max}),
+            None,
+        ),
+        (
+            "grace-huge",
+            "victim",
+            one.clone(),
+            json!({"terminationGracePeriodSeconds": max}),
+            json!({}),
+            None,
+        ),
+        (
+            "min-started-negative",
+            "victim",
+            one.clone(),
+            json!({"minStartedSeconds": -5}),
+            json!({}),
+            None,
+        ),
+        (
+            "ttl-negative",
+            "victim",
+            one.clone(),
+            json!({}),
+            json!({"ttlSecondsAfterFinished": -1}),
+            None,
+        ),
+        (
+            "min-started-huge",
+            "victim",
+            one.clone(),
+            json!({"minStartedSeconds": i32::MAX}),
+            json!({"activeDeadlineSeconds": 4}),
+            Some("recreating has exceeded the activeDeadlineSeconds"),
+        ),
+        (
+            "unready-huge",
+            "victim",
+            one.clone(),
+            json!({"unreadyGracePeriodSeconds": max}),
+            json!({"activeDeadlineSeconds": 3}),
+            Some("recreating has exceeded the activeDeadlineSeconds"),
+        ),
+        (
+            "hook-hangs",
+            "hanger",
+            one.clone(),
+            json!({"terminationGracePeriodSeconds": 2}),
+            json!({}),
+            None,
+        ),
+        (
+            "no-such-pod",
+            "ghost",
+            one.clone(),
+            json!({}),
+            json!({}),
+            None,
+        ),
+        (
+            "empty-pod-name",
+            "",
+            one.clone(),
+            json!({}),
+            json!({}),
+            None,
+        ),
+    ];
+    for (name, pod, containers, strategy, extra, _) in &cases {
+        let mut spec = json!({"podName": pod, "containers": containers, "strategy": strategy});
+        support::apiserver::merge_patch(&mut spec, extra);
+        cluster
+            .api
+            .create(
+                Resource::Crr,
+                NAMESPACE,
+                json!({"metadata": {"name": name}, "spec": spec}),
+            )
+            .unwrap();
+    }
+    // Another Pod's CRR, created last, is not held up by any of them.
+    let started = std::time::Instant::now();
+    cluster.create(
+        "bystander-crr",
+        "bystander",
+        &["app"],
+        Value::Null,
+        json!({}),
+    );
+    cluster
+        .completed("bystander-crr", Duration::from_secs(20))
+        .await;
+    eprintln!("bystander CRR completed in {:?}", started.elapsed());
+
+    for (name, pod, _, _, _, expected) in &cases {
+        if ["ghost", ""].contains(pod) {
+            // No Pod of that name runs here: not this node's to touch.
+            let crr = cluster.crr(name).unwrap();
+            assert!(
+                crr["status"].is_null() && crr["metadata"]["labels"].is_null(),
+                "{name}: {crr:#}"
+            );
+            continue;
+        }
+        if *name == "ttl-negative" {
+            wait_for(Duration::from_secs(60), || {
+                cluster.crr(name).is_none().then_some(())
+            })
+            .await
+            .unwrap_or_else(|| panic!("{name} not deleted"));
+            continue;
+        }
+        let done = cluster.completed(name, Duration::from_secs(90)).await;
+        match expected {
+            Some(message) => assert_eq!(done["status"]["message"], *message, "{name}"),
+            // Succeeded; not necessarily killed by this CRR, since an earlier
+            // CRR of the same Pod may have recreated the container already.
+            None => {
+                let state = &states(&done)[0];
+                assert_eq!(
+                    (&state["name"], &state["phase"]),
+                    (&json!("app"), &json!("Succeeded")),
+                    "{name}"
+                );
+            }
+        }
+    }
+}
