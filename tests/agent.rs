@@ -817,6 +817,10 @@ in_both_modes!(
     a_watch_compacted_mid_recreate_relists_and_loses_nothing,
 );
 
+/// A hostile CRR: name, Pod, containers, strategy, more spec, and the
+/// completion message expected (`None`: recreated).
+type HostileCase<'a> = (&'a str, &'a str, Value, Value, Value, Option<&'a str>);
+
 /// Hostile CRRs in standalone mode: each gets its documented outcome, no
 /// panic, and another Pod's CRR is not held up.
 async fn standalone_hostile_crrs_get_documented_outcomes() {
@@ -843,8 +847,7 @@ async fn standalone_hostile_crrs_get_documented_outcomes() {
     let many: Vec<Value> = (0..500).map(|i| json!({"name": format!("c{i}")})).collect();
     let one = json!([{"name": "app"}]);
     let max = i64::MAX;
-    // (name, pod, containers, strategy, extra spec, expected completion message or None = recreated)
-    let cases: Vec<(&str, &str, Value, Value, Value, Option<&str>)> = vec![
+    let cases: Vec<HostileCase<'_>> = vec![
         (
             "huge-list",
             "victim",
