@@ -44,6 +44,9 @@ pub async fn run(
     config: config::RunConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RunError> {
+    // The socket first: a second instance started by mistake stops here,
+    // before its agent could act on a single CRR.
+    let (listener, _socket_file) = Listener::open(&config.listen)?.into_parts();
     let (synced, ready) = tokio::sync::watch::channel(config.agent.is_none());
     if let Some(settings) = &config.agent {
         agent::spawn(settings, &config.routes.runtime, synced).await?;
@@ -51,13 +54,11 @@ pub async fn run(
     if let Some(addr) = config.metrics_addr {
         admin::serve(addr, ready).await?;
     }
-    let listener = Listener::open(&config.listen)?;
     tracing::info!(
         runtime = %config.routes.runtime,
         image = %config.routes.image.as_ref().unwrap_or(&config.routes.runtime),
         "forwarding CRI calls"
     );
-    let (listener, _socket_file) = listener.into_parts();
     if let Err(error) = notify::notify("READY=1") {
         tracing::warn!(%error, "could not notify systemd");
     }

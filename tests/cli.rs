@@ -52,24 +52,31 @@ fn version_and_help_name_every_flag() {
 }
 
 #[test]
-fn kruise_mode_without_a_kubeconfig_fails_at_start() {
+fn agent_modes_without_a_kubeconfig_fail_at_start() {
+    let listen = support::temp_socket("no-kubeconfig");
+    for (how, mode) in [("flag", "kruise"), ("env", "standalone")] {
+        let mut cmd = crr_proxy();
+        cmd.args(["run", "--listen", listen.to_str().unwrap()])
+            .args(["--kubeconfig", "/nonexistent/kubeconfig"]);
+        match how {
+            "flag" => cmd.args(["--agent", mode]),
+            _ => cmd.env("CRR_PROXY_AGENT", mode),
+        };
+        let out = cmd.output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{mode}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("kubeconfig: /nonexistent/kubeconfig"),
+            "{mode}: {stderr}"
+        );
+        assert!(!listen.exists(), "{mode}: socket file left behind");
+    }
     let out = crr_proxy()
-        .args([
-            "run",
-            "--listen",
-            "/nonexistent/never-bound.sock",
-            "--agent",
-            "kruise",
-        ])
-        .args(["--kubeconfig", "/nonexistent/kubeconfig"])
+        .args(["run", "--agent", "bogus"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("kubeconfig: /nonexistent/kubeconfig"),
-        "{stderr}"
-    );
+    assert_eq!(out.status.code(), Some(2));
+    support::remove_socket_dir(&listen);
 }
 
 /// GET `path` on `addr` and return the status code.
