@@ -1,9 +1,10 @@
-//! The local HTTP endpoint for probes (`--metrics-addr`): `/healthz` and
-//! `/readyz` answer 200 once the agent's CRR watch has synced (at once when
-//! no agent runs), 503 before.
+//! The local HTTP endpoint (`--metrics-addr`): `/metrics` in Prometheus
+//! text format, and `/healthz` and `/readyz`, which answer 200 once the
+//! agent's CRR watch has synced (at once when no agent runs), 503 before.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
@@ -14,6 +15,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{debug, info};
 
+use crate::metrics::Metrics;
+
 #[derive(Debug, thiserror::Error)]
 #[error("bind {addr}: {source}")]
 pub struct AdminError {
@@ -23,18 +26,27 @@ pub struct AdminError {
 }
 
 /// Binds `addr` and serves the probes in the background.
-pub async fn serve(addr: SocketAddr, ready: watch::Receiver<bool>) -> Result<(), AdminError> {
+pub async fn serve(
+    addr: SocketAddr,
+    ready: watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
+) -> Result<(), AdminError> {
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|source| AdminError { addr, source })?;
-    info!(%addr, "serving /healthz and /readyz");
+    info!(%addr, "serving /metrics, /healthz and /readyz");
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
             let ready = ready.clone();
+            let metrics = Arc::clone(&metrics);
             tokio::spawn(async move {
                 let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
                     let synced = *ready.borrow();
-                    async move { Ok::<_, Infallible>(answer(req.uri().path(), synced)) }
+                    let response = match req.uri().path() {
+                        "/metrics" => text(StatusCode::OK, metrics.render()),
+                        path => answer(path, synced),
+                    };
+                    async move { Ok::<_, Infallible>(response) }
                 });
                 if let Err(error) = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), service)
@@ -57,8 +69,16 @@ fn answer(path: &str, synced: bool) -> Response<Full<Bytes>> {
         ),
         _ => (StatusCode::NOT_FOUND, "not found\n"),
     };
-    let mut response = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+    text(status, body.to_owned())
+}
+
+fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
     response
 }
 

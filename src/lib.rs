@@ -11,6 +11,7 @@
 //! - [`config`]: the command line.
 //! - [`telemetry`]: logging setup.
 //! - [`notify`]: systemd's readiness notification.
+//! - [`metrics`]: Prometheus metrics of the data path.
 
 pub mod admin;
 pub mod agent;
@@ -19,6 +20,7 @@ pub mod config;
 pub mod cri;
 pub mod crr;
 pub mod kill;
+pub mod metrics;
 pub mod notify;
 pub mod proxy;
 pub mod telemetry;
@@ -51,8 +53,9 @@ pub async fn run(
     if let Some(settings) = &config.agent {
         agent::spawn(settings, &config.routes.runtime, synced).await?;
     }
+    let metrics = std::sync::Arc::new(metrics::Metrics::default());
     if let Some(addr) = config.metrics_addr {
-        admin::serve(addr, ready).await?;
+        admin::serve(addr, ready, std::sync::Arc::clone(&metrics)).await?;
     }
     tracing::info!(
         runtime = %config.routes.runtime,
@@ -66,6 +69,9 @@ pub async fn run(
         shutdown.await;
         let _ = notify::notify("STOPPING=1");
     };
-    Proxy::new(config.routes).serve(listener, shutdown).await;
+    Proxy::new(config.routes)
+        .with_metrics(metrics)
+        .serve(listener, shutdown)
+        .await;
     Ok(())
 }

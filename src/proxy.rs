@@ -24,6 +24,9 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::UnixListener;
 use tracing::{debug, info, warn};
 
+use crate::metrics::Metrics;
+
+use body::Call;
 pub use body::ProxyBody;
 pub use endpoint::{Endpoint, EndpointError};
 pub use listener::{ListenError, Listener};
@@ -42,6 +45,7 @@ pub struct Routes {
 #[derive(Debug)]
 pub struct Proxy {
     routes: Arc<Routes>,
+    metrics: Arc<Metrics>,
     server: hyper::server::conn::http2::Builder<TokioExecutor>,
     drain_timeout: Duration,
 }
@@ -67,9 +71,20 @@ impl Proxy {
             .auto_date_header(false);
         Self {
             routes: Arc::new(routes),
+            metrics: Arc::default(),
             server,
             drain_timeout: Duration::from_secs(10),
         }
+    }
+
+    /// Counts calls in `metrics` (by default in metrics of its own).
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    pub fn metrics(&self) -> Arc<Metrics> {
+        Arc::clone(&self.metrics)
     }
 
     /// How long in-flight calls may run after shutdown is requested.
@@ -88,7 +103,7 @@ impl Proxy {
                 accepted = listener.accept() => match accepted {
                     Ok((stream, _)) => {
                         let routes = Arc::clone(&self.routes);
-                        let conn = Connection::new(&routes);
+                        let conn = Connection::new(&routes, &self.metrics);
                         let service = service_fn(move |req| {
                             let conn = Arc::clone(&conn);
                             async move { Ok::<_, Infallible>(conn.forward(req).await) }
@@ -130,15 +145,20 @@ impl Proxy {
 struct Connection {
     runtime: Upstream,
     image: Option<Upstream>,
+    metrics: Arc<Metrics>,
 }
 
 // === impl Connection ===
 
 impl Connection {
-    fn new(routes: &Routes) -> Arc<Self> {
+    fn new(routes: &Routes, metrics: &Arc<Metrics>) -> Arc<Self> {
         Arc::new(Self {
-            runtime: Upstream::new(routes.runtime.clone()),
-            image: routes.image.clone().map(Upstream::new),
+            runtime: Upstream::new(routes.runtime.clone(), Arc::clone(metrics)),
+            image: routes
+                .image
+                .clone()
+                .map(|image| Upstream::new(image, Arc::clone(metrics))),
+            metrics: Arc::clone(metrics),
         })
     }
 
@@ -153,7 +173,13 @@ impl Connection {
             Some(image) if is_image_service(req.uri().path()) => image,
             _ => &self.runtime,
         };
-        upstream.forward(req).await
+        let mut call = Call::start(&self.metrics, req.uri().path());
+        let response = upstream.forward(req).await;
+        // A trailers-only answer carries its status in the headers.
+        if let Some(code) = body::grpc_code(response.headers()) {
+            call.finish(code);
+        }
+        response.map(|body| body.counted(call))
     }
 }
 

@@ -181,6 +181,7 @@ async fn kruise_mode_serves_probes_once_the_crr_watch_has_synced() {
     }
     assert_eq!(healthy, 200, "/healthz never became ready");
     assert_eq!(probe(&addr, "/readyz").await, 200);
+    assert_eq!(probe(&addr, "/metrics").await, 200);
     // The proxy serves alongside.
     assert_proxies(&listen).await;
     kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();

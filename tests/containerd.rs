@@ -362,3 +362,43 @@ async fn containerd_restarted_under_load_fails_calls_only_with_unavailable() {
     let tail = &outcomes[outcomes.len() - 20..];
     assert!(tail.iter().all(|(_, r)| r.is_ok()), "{tail:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_are_counted_by_method_and_code() {
+    let mut ctrd = Containerd::start().unwrap();
+    let proxy = ProxyUnderTest::to(ctrd.endpoint());
+    let mut cri = proxy.client();
+    for _ in 0..3 {
+        cri.version(VersionRequest::default()).await.unwrap();
+    }
+    let missing = cri
+        .container_status(ContainerStatusRequest {
+            container_id: "no-such-container".into(),
+            verbose: false,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), tonic::Code::NotFound);
+    let mut sender = raw::connect(&proxy.socket).await.unwrap();
+    let response = raw::send(
+        &mut sender,
+        raw::grpc_request("/no.such.v1.Service/Call", &[], raw::grpc_frame(b"")),
+    )
+    .await
+    .unwrap();
+    raw::record(response).await.unwrap();
+    ctrd.pause().unwrap();
+    cri.version(VersionRequest::default()).await.unwrap_err();
+
+    let text = proxy.metrics.render();
+    for line in [
+        r#"crr_proxy_cri_requests_total{service="RuntimeService",method="Version",code="OK"} 3"#,
+        r#"crr_proxy_cri_requests_total{service="RuntimeService",method="Version",code="UNAVAILABLE"} 1"#,
+        r#"crr_proxy_cri_requests_total{service="RuntimeService",method="ContainerStatus",code="NOT_FOUND"} 1"#,
+        r#"crr_proxy_cri_requests_total{service="other",method="other",code="UNIMPLEMENTED"} 1"#,
+        r#"crr_proxy_cri_request_duration_seconds_count{service="RuntimeService",method="Version"} 4"#,
+        "crr_proxy_cri_in_flight_requests 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing {line}:\n{text}");
+    }
+}

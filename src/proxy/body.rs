@@ -3,13 +3,16 @@
 use std::convert::Infallible;
 use std::fmt::Display;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use bytes::Bytes;
-use http::Response;
+use http::{HeaderMap, Response};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 
 use super::Endpoint;
+use crate::metrics::Metrics;
 
 /// The runtime's response body, frame by frame, or nothing (for answers the
 /// proxy makes itself).
@@ -20,6 +23,49 @@ use super::Endpoint;
 #[derive(Debug, Default)]
 pub struct ProxyBody {
     inner: Option<(Incoming, Endpoint)>,
+    call: Option<Call>,
+}
+
+/// One call being counted: finished by its gRPC status, or as CANCELLED if
+/// the client goes away first.
+#[derive(Debug)]
+pub(super) struct Call {
+    metrics: Arc<Metrics>,
+    method: usize,
+    started: Instant,
+    finished: bool,
+}
+
+impl Call {
+    pub(super) fn start(metrics: &Arc<Metrics>, path: &str) -> Self {
+        metrics.call_started();
+        Self {
+            metrics: Arc::clone(metrics),
+            method: Metrics::method_index(path),
+            started: Instant::now(),
+            finished: false,
+        }
+    }
+
+    pub(super) fn finish(&mut self, code: u32) {
+        if !self.finished {
+            self.finished = true;
+            self.metrics
+                .call_finished(self.method, code, self.started.elapsed());
+        }
+    }
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        const CANCELLED: u32 = 1;
+        self.finish(CANCELLED);
+    }
+}
+
+/// The `grpc-status` in a header or trailer map.
+pub(super) fn grpc_code(headers: &HeaderMap) -> Option<u32> {
+    headers.get("grpc-status")?.to_str().ok()?.parse().ok()
 }
 
 // === impl ProxyBody ===
@@ -28,7 +74,14 @@ impl ProxyBody {
     pub(super) fn upstream(body: Incoming, endpoint: Endpoint) -> Self {
         Self {
             inner: Some((body, endpoint)),
+            call: None,
         }
+    }
+
+    /// Counts the call when its status goes by.
+    pub(super) fn counted(mut self, call: Call) -> Self {
+        self.call = Some(call);
+        self
     }
 
     /// A trailers-only `UNAVAILABLE` answer.
@@ -49,22 +102,35 @@ impl Body for ProxyBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        const UNKNOWN: u32 = 2;
         let Some((body, endpoint)) = self.inner.as_mut() else {
             return Poll::Ready(None);
         };
-        match Pin::new(body).poll_frame(cx) {
+        let polled = Pin::new(body).poll_frame(cx);
+        let (frame, code) = match polled {
+            Poll::Pending => return Poll::Pending,
             Poll::Ready(Some(Err(error))) => {
                 let answer = Self::unavailable(endpoint, &error);
                 self.inner = None;
                 // Reuse tonic's encoding of grpc-status / grpc-message.
                 let mut trailers = answer.into_parts().0.headers;
                 trailers.remove(http::header::CONTENT_TYPE);
-                Poll::Ready(Some(Ok(Frame::trailers(trailers))))
+                let code = grpc_code(&trailers);
+                (Some(Frame::trailers(trailers)), code)
             }
-            Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(Ok(frame))) => {
+                let code = frame
+                    .trailers_ref()
+                    .map(|t| grpc_code(t).unwrap_or(UNKNOWN));
+                (Some(frame), code)
+            }
+            // The end without trailers is not a complete gRPC answer.
+            Poll::Ready(None) => (None, Some(UNKNOWN)),
+        };
+        if let (Some(code), Some(call)) = (code, self.call.as_mut()) {
+            call.finish(code);
         }
+        Poll::Ready(frame.map(Ok))
     }
 
     fn is_end_stream(&self) -> bool {

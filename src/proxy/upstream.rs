@@ -1,6 +1,7 @@
 //! One lazily (re)connected HTTP/2 connection to the runtime socket.
 
 use std::io;
+use std::sync::Arc;
 
 use hyper::body::Incoming;
 use hyper::client::conn::http2::SendRequest;
@@ -11,6 +12,7 @@ use tokio::sync::Mutex;
 use tracing::debug;
 
 use super::{Endpoint, ProxyBody};
+use crate::metrics::Metrics;
 
 #[derive(Debug, thiserror::Error)]
 enum UpstreamError {
@@ -25,15 +27,17 @@ enum UpstreamError {
 pub(super) struct Upstream {
     endpoint: Endpoint,
     sender: Mutex<Option<SendRequest<Incoming>>>,
+    metrics: Arc<Metrics>,
 }
 
 // === impl Upstream ===
 
 impl Upstream {
-    pub(super) fn new(endpoint: Endpoint) -> Self {
+    pub(super) fn new(endpoint: Endpoint, metrics: Arc<Metrics>) -> Self {
         Self {
             endpoint,
             sender: Mutex::new(None),
+            metrics,
         }
     }
 
@@ -93,10 +97,13 @@ impl Upstream {
             .await
             .map_err(UpstreamError::Handshake)?;
         let endpoint = self.endpoint.clone();
+        let metrics = Arc::clone(&self.metrics);
+        metrics.upstream_connected();
         tokio::spawn(async move {
             if let Err(error) = connection.await {
                 debug!(%endpoint, %error, "runtime connection ended");
             }
+            metrics.upstream_disconnected();
         });
         debug!(endpoint = %self.endpoint, "connected to runtime");
         Ok(sender)

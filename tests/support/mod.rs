@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 /// A crr-proxy serving a temp socket in this process.
 pub struct ProxyUnderTest {
     pub socket: PathBuf,
+    pub metrics: std::sync::Arc<crr_proxy::metrics::Metrics>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
@@ -32,9 +33,11 @@ impl ProxyUnderTest {
             .expect("bind proxy socket")
             .into_parts();
         let (stop, stopped) = oneshot::channel::<()>();
+        let proxy = Proxy::new(routes);
+        let metrics = proxy.metrics();
         let task = tokio::spawn(async move {
             let _file = file;
-            Proxy::new(routes)
+            proxy
                 .serve(listener, async {
                     let _ = stopped.await;
                 })
@@ -42,6 +45,7 @@ impl ProxyUnderTest {
         });
         Self {
             socket,
+            metrics,
             stop: Some(stop),
             task: Some(task),
         }
