@@ -181,16 +181,7 @@ fn finished_at(pod: &Value, name: &str) -> i64 {
 
 async fn e2e_1a_simple_container_with_min_started_seconds_and_ttl(mode: Mode) {
     let cluster = Cluster::new(mode).await;
-    let pod = cluster
-        .kubelet
-        .run_pod(PodSpec::new(
-            "pod0",
-            vec![
-                ContainerSpec::graceful("app"),
-                ContainerSpec::graceful("sidecar"),
-            ],
-        ))
-        .await;
+    let pod = cluster.kubelet.run_pod(app_and_sidecar("pod0")).await;
     cluster.create(
         "crr-1a",
         "pod0",
@@ -258,16 +249,7 @@ async fn e2e_1a_simple_container_with_min_started_seconds_and_ttl(mode: Mode) {
 
 async fn e2e_1b_two_containers_without_strategy(mode: Mode) {
     let cluster = Cluster::new(mode).await;
-    cluster
-        .kubelet
-        .run_pod(PodSpec::new(
-            "pod1",
-            vec![
-                ContainerSpec::graceful("app"),
-                ContainerSpec::graceful("sidecar"),
-            ],
-        ))
-        .await;
+    cluster.kubelet.run_pod(app_and_sidecar("pod1")).await;
     cluster.create(
         "crr-1b",
         "pod1",
@@ -279,6 +261,17 @@ async fn e2e_1b_two_containers_without_strategy(mode: Mode) {
     cluster.active_removed("crr-1b").await;
     let pod = cluster.kubelet.wait_ready("pod1").await;
     assert_recreated(&done, &pod, &["app", "sidecar"]);
+}
+
+/// A Pod with two graceful containers, `app` and `sidecar`.
+fn app_and_sidecar(name: &str) -> PodSpec {
+    PodSpec::new(
+        name,
+        vec![
+            ContainerSpec::graceful("app"),
+            ContainerSpec::graceful("sidecar"),
+        ],
+    )
 }
 
 fn post_start_pod(name: &str) -> PodSpec {
@@ -473,16 +466,7 @@ async fn e2e_4a_and_4b_force_recreate(mode: Mode) {
 
 async fn two_crrs_for_one_pod_back_to_back_both_complete(mode: Mode) {
     let cluster = Cluster::new(mode).await;
-    cluster
-        .kubelet
-        .run_pod(PodSpec::new(
-            "pod5",
-            vec![
-                ContainerSpec::graceful("app"),
-                ContainerSpec::graceful("sidecar"),
-            ],
-        ))
-        .await;
+    cluster.kubelet.run_pod(app_and_sidecar("pod5")).await;
     cluster.create("first", "pod5", &["app"], Value::Null, json!({}));
     cluster.create("second", "pod5", &["sidecar"], Value::Null, json!({}));
     let first = cluster.completed("first", Duration::from_secs(60)).await;
@@ -519,16 +503,7 @@ async fn two_crrs_for_one_pod_back_to_back_both_complete(mode: Mode) {
 
 async fn bad_crrs_get_their_documented_outcome_and_delay_no_one() {
     let cluster = Cluster::new(Mode::Kruise).await;
-    let pod = cluster
-        .kubelet
-        .run_pod(PodSpec::new(
-            "pod6",
-            vec![
-                ContainerSpec::graceful("app"),
-                ContainerSpec::graceful("sidecar"),
-            ],
-        ))
-        .await;
+    let pod = cluster.kubelet.run_pod(app_and_sidecar("pod6")).await;
     // The webhook refuses these at creation, with kruise's messages.
     let refused = |containers: Value, message: &str| {
         let error = cluster
@@ -607,16 +582,7 @@ async fn bad_crrs_get_their_documented_outcome_and_delay_no_one() {
 
 async fn a_watch_compacted_mid_recreate_relists_and_loses_nothing(mode: Mode) {
     let cluster = Cluster::new(mode).await;
-    cluster
-        .kubelet
-        .run_pod(PodSpec::new(
-            "pod7",
-            vec![
-                ContainerSpec::graceful("app"),
-                ContainerSpec::graceful("sidecar"),
-            ],
-        ))
-        .await;
+    cluster.kubelet.run_pod(app_and_sidecar("pod7")).await;
     cluster.create("crr-7", "pod7", &["app", "sidecar"], Value::Null, json!({}));
     wait_for(Duration::from_secs(10), || {
         cluster
@@ -650,16 +616,7 @@ fn bare_pod(cluster: &Cluster, name: &str, node: &str) -> Value {
 
 async fn standalone_refusals_complete_with_the_webhooks_messages() {
     let cluster = Cluster::new(Mode::Standalone).await;
-    cluster
-        .kubelet
-        .run_pod(PodSpec::new(
-            "pod8",
-            vec![
-                ContainerSpec::graceful("app"),
-                ContainerSpec::graceful("sidecar"),
-            ],
-        ))
-        .await;
+    cluster.kubelet.run_pod(app_and_sidecar("pod8")).await;
     let cases = [
         (
             "unknown",

@@ -373,12 +373,7 @@ async fn accept(
                 "metadata": {"labels": accepted.labels, "resourceVersion": crr.resource_version()},
                 "spec": accepted.spec,
             });
-            api.patch(
-                &crr.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await?;
+            merge(&api, crr, &patch).await?;
         }
         Err(message) => {
             info!(crr = %crr.name_any(), %message, "refusing");
@@ -390,12 +385,7 @@ async fn accept(
             );
             node_labels.insert(labels::POD_UID.to_owned(), Some(uid));
             let patch = json!({"metadata": {"labels": node_labels}});
-            api.patch(
-                &crr.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await?;
+            merge(&api, crr, &patch).await?;
         }
     }
     Ok(())
@@ -418,14 +408,7 @@ pub(crate) async fn acquire_unready(
         if !finalizers.iter().any(|f| f == UNREADY_FINALIZER) {
             finalizers.push(UNREADY_FINALIZER.into());
             let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": crr.resource_version()}});
-            agent
-                .api(crr)
-                .patch(
-                    &crr.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
-                )
-                .await?;
+            merge(&agent.api(crr), crr, &patch).await?;
         }
         set_not_ready_key(
             &agent.client,
@@ -437,14 +420,7 @@ pub(crate) async fn acquire_unready(
     }
     let stamp = Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
     let patch = json!({"metadata": {"annotations": {annotations::UNREADY_ACQUIRED: stamp}}});
-    agent
-        .api(crr)
-        .patch(
-            &crr.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await?;
+    merge(&agent.api(crr), crr, &patch).await?;
     Ok(())
 }
 
@@ -472,13 +448,7 @@ async fn release(
             .filter(|f| *f != UNREADY_FINALIZER)
             .collect();
         let patch = json!({"metadata": {"finalizers": rest, "resourceVersion": current.resource_version()}});
-        current = api
-            .patch(
-                &crr.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await?;
+        current = merge(&api, crr, &patch).await?;
         wrote = true;
     }
     if current.meta().deletion_timestamp.is_some() {
@@ -486,15 +456,24 @@ async fn release(
     }
     if current.labels().contains_key(labels::ACTIVE) {
         let patch = json!({"metadata": {"labels": {labels::ACTIVE: null}}});
-        api.patch(
-            &crr.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await?;
+        merge(&api, crr, &patch).await?;
         wrote = true;
     }
     Ok(wrote)
+}
+
+/// A JSON merge patch of the CRR's main resource (metadata, spec).
+async fn merge(
+    api: &Api<ContainerRecreateRequest>,
+    crr: &ContainerRecreateRequest,
+    patch: &serde_json::Value,
+) -> Result<ContainerRecreateRequest, kube::Error> {
+    api.patch(
+        &crr.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(patch),
+    )
+    .await
 }
 
 fn has_gate(pod: &Pod) -> bool {
