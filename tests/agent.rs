@@ -599,6 +599,56 @@ async fn a_watch_compacted_mid_recreate_relists_and_loses_nothing(mode: Mode) {
     assert_recreated(&done, &pod, &["app", "sidecar"]);
 }
 
+/// The API server unreachable for 30 s: the CRI passthrough does not notice,
+/// the watch comes back by itself, and a CRR created meanwhile completes.
+async fn an_api_server_outage_only_delays_crrs(mode: Mode) {
+    let cluster = Cluster::new(mode).await;
+    cluster.kubelet.run_pod(app_and_sidecar("pod10")).await;
+    let proxy = support::ProxyUnderTest::to(cluster._ctrd.endpoint());
+    let load = tokio::spawn({
+        let cri = proxy.client();
+        async move {
+            let (mut ok, mut failed) = (0u32, 0u32);
+            let until = std::time::Instant::now() + Duration::from_secs(34);
+            while std::time::Instant::now() < until {
+                match cri
+                    .clone()
+                    .version(crr_proxy::cri::v1::VersionRequest::default())
+                    .await
+                {
+                    Ok(_) => ok += 1,
+                    Err(_) => failed += 1,
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            (ok, failed)
+        }
+    });
+    cluster.api.set_offline(true);
+    // kruise-manager and kubelet are in-cluster: they still reach the store.
+    cluster.create("during-outage", "pod10", &["app"], Value::Null, json!({}));
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert!(
+        cluster.crr("during-outage").unwrap()["status"].is_null(),
+        "the agent reached an unreachable API server"
+    );
+    cluster.api.set_offline(false);
+    let done = cluster
+        .completed("during-outage", Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        states(&done),
+        json!([{"name": "app", "phase": "Succeeded", "isKilled": true}])
+    );
+    let (ok, failed) = load.await.unwrap();
+    eprintln!("CRI calls during the API server outage: {ok} ok, {failed} failed");
+    assert_eq!(
+        failed, 0,
+        "the CRI passthrough noticed the API server outage"
+    );
+    assert!(ok > 500, "{ok}");
+}
+
 // --- standalone mode only ---
 
 /// Creates a Pod object on `node` with no running containers.
@@ -762,6 +812,7 @@ macro_rules! in_both_modes {
 }
 
 in_both_modes!(
+    an_api_server_outage_only_delays_crrs,
     e2e_1a_simple_container_with_min_started_seconds_and_ttl,
     e2e_1b_two_containers_without_strategy,
     e2e_2a_unordered_does_not_wait_for_readiness,

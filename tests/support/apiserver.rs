@@ -267,6 +267,8 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
 }
 
 struct Inner {
+    /// While set, the server is unreachable: connections are dropped.
+    offline: std::sync::atomic::AtomicBool,
     /// "verb resource[/subresource]" a SelfSubjectAccessReview answers
     /// "not allowed" for; everything else is allowed.
     denied: Mutex<Vec<String>>,
@@ -291,6 +293,7 @@ impl FakeApiServer {
             .expect("bind fake API server");
         let url = format!("http://{}", listener.local_addr().expect("local address"));
         let inner = Arc::new(Inner {
+            offline: std::sync::atomic::AtomicBool::new(false),
             denied: Mutex::new(Vec::new()),
             store: Mutex::new(Store {
                 rv: 1,
@@ -306,15 +309,24 @@ impl FakeApiServer {
         let handle = server.clone();
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
+                if handle.is_offline() {
+                    // Unreachable: the connection is dropped at once.
+                    continue;
+                }
                 let handle = handle.clone();
                 tokio::spawn(async move {
+                    let mut reset = handle.inner.reset.subscribe();
                     let service = service_fn(move |req| {
                         let handle = handle.clone();
                         async move { Ok::<_, Infallible>(handle.serve(req).await) }
                     });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                    let connection = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service);
+                    // Going offline (a reset) drops open connections too.
+                    tokio::select! {
+                        _ = connection => {}
+                        _ = reset.changed() => {}
+                    }
                 });
             }
         });
@@ -326,6 +338,21 @@ impl FakeApiServer {
         let mut config = kube::Config::new(self.url.parse().expect("server URL"));
         config.default_namespace = "default".into();
         kube::Client::try_from(config).expect("kube client")
+    }
+
+    /// Makes the server unreachable (every connection dropped) or reachable
+    /// again.
+    pub fn set_offline(&self, offline: bool) {
+        self.inner
+            .offline
+            .store(offline, std::sync::atomic::Ordering::SeqCst);
+        if offline {
+            self.inner.reset.send_modify(|n| *n += 1);
+        }
+    }
+
+    fn is_offline(&self) -> bool {
+        self.inner.offline.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Makes SelfSubjectAccessReviews deny `rule` ("verb resource[/sub]").
