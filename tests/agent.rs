@@ -280,37 +280,27 @@ fn post_start_pod(name: &str) -> PodSpec {
     PodSpec::new(name, vec![app, ContainerSpec::graceful("sidecar")])
 }
 
-async fn e2e_2a_unordered_does_not_wait_for_readiness(mode: Mode) {
+/// Recreates `app` and `sidecar` of a post-start Pod with `strategy`, checks
+/// both were recreated, and returns how many seconds after the app the
+/// sidecar was stopped.
+async fn sidecar_lag(mode: Mode, pod: &str, strategy: Value) -> i64 {
     let cluster = Cluster::new(mode).await;
-    cluster.kubelet.run_pod(post_start_pod("pod2a")).await;
-    cluster.create(
-        "crr-2a",
-        "pod2a",
-        &["app", "sidecar"],
-        Value::Null,
-        json!({}),
-    );
-    let done = cluster.completed("crr-2a", Duration::from_secs(60)).await;
-    let pod = cluster.kubelet.wait_ready("pod2a").await;
+    cluster.kubelet.run_pod(post_start_pod(pod)).await;
+    let crr = format!("crr-{pod}");
+    cluster.create(&crr, pod, &["app", "sidecar"], strategy, json!({}));
+    let done = cluster.completed(&crr, Duration::from_secs(60)).await;
+    let pod = cluster.kubelet.wait_ready(pod).await;
     assert_recreated(&done, &pod, &["app", "sidecar"]);
-    let gap = finished_at(&pod, "sidecar") - finished_at(&pod, "app");
+    finished_at(&pod, "sidecar") - finished_at(&pod, "app")
+}
+
+async fn e2e_2a_unordered_does_not_wait_for_readiness(mode: Mode) {
+    let gap = sidecar_lag(mode, "pod2a", Value::Null).await;
     assert!(gap < 3, "the sidecar waited {gap}s for the app");
 }
 
 async fn e2e_2b_ordered_waits_for_the_previous_container(mode: Mode) {
-    let cluster = Cluster::new(mode).await;
-    cluster.kubelet.run_pod(post_start_pod("pod2b")).await;
-    cluster.create(
-        "crr-2b",
-        "pod2b",
-        &["app", "sidecar"],
-        json!({"orderedRecreate": true}),
-        json!({}),
-    );
-    let done = cluster.completed("crr-2b", Duration::from_secs(60)).await;
-    let pod = cluster.kubelet.wait_ready("pod2b").await;
-    assert_recreated(&done, &pod, &["app", "sidecar"]);
-    let gap = finished_at(&pod, "sidecar") - finished_at(&pod, "app");
+    let gap = sidecar_lag(mode, "pod2b", json!({"orderedRecreate": true})).await;
     assert!(
         gap >= 5,
         "the sidecar was killed {gap}s after the app, before it was ready"

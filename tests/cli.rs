@@ -134,10 +134,7 @@ fn run_with_agent(
 
 /// One call through the proxy on `listen` reaches the fake upstream.
 async fn assert_proxies(listen: &std::path::Path) {
-    let mut sender = raw::connect(listen).await.unwrap();
-    let response = raw::send(&mut sender, raw::grpc_request(upstream::FIXED, &[], vec![]))
-        .await
-        .unwrap();
+    let response = raw::open(listen, upstream::FIXED).await;
     assert_eq!(
         raw::record(response).await.unwrap().data,
         upstream::fixed_body()

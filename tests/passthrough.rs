@@ -90,14 +90,8 @@ async fn a_request_without_authority_passes_without_authority() {
 async fn server_streaming_arrives_message_by_message_with_trailers() {
     let upstream = FakeUpstream::start();
     let proxy = ProxyUnderTest::to(upstream.endpoint());
-    let mut sender = raw::connect(&proxy.socket).await.unwrap();
     let started = Instant::now();
-    let response = raw::send(
-        &mut sender,
-        raw::grpc_request(upstream::STREAM, &[], vec![]),
-    )
-    .await
-    .unwrap();
+    let response = raw::open(&proxy.socket, upstream::STREAM).await;
     let mut body = response.into_body();
     let mut messages = Vec::new();
     let mut trailers = None;
@@ -138,13 +132,7 @@ async fn server_streaming_arrives_message_by_message_with_trailers() {
 async fn a_caller_that_cancels_cancels_the_upstream_call() {
     let upstream = FakeUpstream::start();
     let proxy = ProxyUnderTest::to(upstream.endpoint());
-    let mut sender = raw::connect(&proxy.socket).await.unwrap();
-    let response = raw::send(
-        &mut sender,
-        raw::grpc_request(upstream::STREAM, &[], vec![]),
-    )
-    .await
-    .unwrap();
+    let response = raw::open(&proxy.socket, upstream::STREAM).await;
     let mut body = response.into_body();
     let first = body.frame().await.unwrap().unwrap();
     assert_eq!(first.into_data().unwrap().to_vec(), upstream::tick(0));

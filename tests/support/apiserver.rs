@@ -476,10 +476,7 @@ impl FakeApiServer {
         status: bool,
     ) -> Result<Value, ApiError> {
         self.modify(resource, namespace, name, status, |current| {
-            let requested = obj
-                .pointer("/metadata/resourceVersion")
-                .and_then(Value::as_str)
-                .unwrap_or("");
+            let requested = resource_version(&obj);
             if requested.is_empty() && resource == Resource::Crr {
                 return Err(ApiError::new(
                     422,
@@ -524,10 +521,7 @@ impl FakeApiServer {
         status: bool,
     ) -> Result<Value, ApiError> {
         self.modify(resource, namespace, name, status, |current| {
-            let requested = patch
-                .pointer("/metadata/resourceVersion")
-                .and_then(Value::as_str)
-                .unwrap_or("");
+            let requested = resource_version(patch);
             let mut next = current.clone();
             if status {
                 if let Some(status) = patch.get("status") {
@@ -977,6 +971,13 @@ fn respond(code: u16, body: &Value) -> Response<BoxBody<Bytes, Infallible>> {
         .header("content-type", "application/json")
         .body(BodyExt::boxed(Full::new(Bytes::from(body.to_string()))))
         .unwrap_or_default()
+}
+
+/// The resourceVersion a write names as its precondition ("" for none).
+fn resource_version(obj: &Value) -> &str {
+    obj.pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("")
 }
 
 fn scope(resource: Resource, namespace: &str) -> String {

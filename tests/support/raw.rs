@@ -51,6 +51,15 @@ pub async fn send(
     Ok(sender.send_request(req).await?)
 }
 
+/// Starts a call to `path` on a new connection to `socket`, with no
+/// metadata and no body, and returns the response as it streams in.
+pub async fn open(socket: &Path, path: &str) -> Response<Incoming> {
+    let mut sender = connect(socket).await.expect("connect");
+    send(&mut sender, grpc_request(path, &[], vec![]))
+        .await
+        .expect("response headers")
+}
+
 /// Reads a whole response.
 pub async fn record(response: Response<Incoming>) -> Result<Recorded> {
     let (parts, mut body) = response.into_parts();

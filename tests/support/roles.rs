@@ -324,7 +324,7 @@ fn report(api: &FakeApiServer, pod: &PodRun) {
     let Some(current) = api.get(Resource::Pod, NAMESPACE, &pod.spec.name) else {
         return;
     };
-    let now = tokio::time::Instant::now();
+    let tick = tokio::time::Instant::now();
     let statuses: Vec<Value> = pod
         .containers
         .iter()
@@ -335,7 +335,7 @@ fn report(api: &FakeApiServer, pod: &PodRun) {
                 "image": super::images::BUSYBOX_IMAGE,
                 "imageID": "",
                 "restartCount": c.attempt,
-                "ready": now >= c.ready_at,
+                "ready": tick >= c.ready_at,
                 "started": true,
                 "state": {"running": {"startedAt": c.started_at}},
             });
@@ -369,9 +369,9 @@ fn report(api: &FakeApiServer, pod: &PodRun) {
                 .and_then(Value::as_array)
                 .and_then(|cs| cs.iter().find(|c| c["type"] == kind))
                 .map(|c| c["lastTransitionTime"].clone())
-                .unwrap_or(json!(now_string()))
+                .unwrap_or(json!(now()))
         } else {
-            json!(now_string())
+            json!(now())
         };
         json!({"type": kind, "status": status, "lastTransitionTime": at})
     };
@@ -386,10 +386,6 @@ fn report(api: &FakeApiServer, pod: &PodRun) {
     conditions.push(ready_condition);
     let status = json!({"status": {"phase": "Running", "containerStatuses": statuses, "conditions": conditions}});
     let _ = api.patch(Resource::Pod, NAMESPACE, &pod.spec.name, &status, true);
-}
-
-fn now_string() -> String {
-    now()
 }
 
 /// CRI nanoseconds to RFC 3339 at whole seconds (metav1.Time).
