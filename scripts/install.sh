@@ -4,10 +4,12 @@
 # socket. Safe to run again; `--uninstall` undoes it and restores kubelet's
 # configuration as it was.
 #
-#   scripts/install.sh [--binary PATH] [--kubelet-config PATH] [--uninstall]
+#   scripts/install.sh [--binary PATH] [--kubelet-config PATH] [--kubeconfig FILE] [--uninstall]
 #
 #   --binary PATH          crr-proxy to install (default: target/release/crr-proxy)
 #   --kubelet-config PATH  KubeletConfiguration file (default: /var/lib/kubelet/config.yaml)
+#   --kubeconfig FILE      the node's identity (scripts/node-identity.sh), installed
+#                          as /etc/crr-proxy/kubeconfig (0600) and named in crr-proxy.env
 #   DESTDIR=/some/root     install under another root (packaging, tests); then
 #                          nothing is started or restarted
 set -euo pipefail
@@ -15,13 +17,15 @@ cd "$(dirname "$0")/.."
 
 binary=target/release/crr-proxy
 kubelet_config=/var/lib/kubelet/config.yaml
+kubeconfig=""
 uninstall=false
 while (($#)); do
   case "$1" in
     --binary) binary="$2"; shift 2 ;;
     --kubelet-config) kubelet_config="$2"; shift 2 ;;
+    --kubeconfig) kubeconfig="$2"; shift 2 ;;
     --uninstall) uninstall=true; shift ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -45,7 +49,7 @@ if $uninstall; then
     echo "restored $kubelet_config"
   fi
   rm -f "$bin_path" "$unit_dir/crr-proxy.socket" "$unit_dir/crr-proxy.service" \
-    "$backup" "$conf_dir/crr-proxy.env"
+    "$backup" "$conf_dir/crr-proxy.env" "$conf_dir/kubeconfig"
   rmdir "$conf_dir" 2>/dev/null || true
   if live_systemd; then
     systemctl daemon-reload
@@ -62,6 +66,13 @@ install -D -m 0644 systemd/crr-proxy.service "$unit_dir/crr-proxy.service"
 install -d -m 0750 "$conf_dir"
 # The operator's settings survive re-installs and upgrades.
 [[ -e "$conf_dir/crr-proxy.env" ]] || install -m 0640 systemd/crr-proxy.env "$conf_dir/crr-proxy.env"
+if [[ -n "$kubeconfig" ]]; then
+  [[ -f "$kubeconfig" ]] || { echo "install.sh: $kubeconfig not found" >&2; exit 1; }
+  install -m 0600 "$kubeconfig" "$conf_dir/kubeconfig"
+  # Named in the settings unless the operator already names one.
+  grep -q '^CRR_PROXY_KUBECONFIG=' "$conf_dir/crr-proxy.env" ||
+    echo "CRR_PROXY_KUBECONFIG=/etc/crr-proxy/kubeconfig" >>"$conf_dir/crr-proxy.env"
+fi
 
 if [[ -f "$kubelet_file" ]]; then
   # Keep the first original only: a second run must not back up our edit.

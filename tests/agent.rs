@@ -15,9 +15,11 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 use support::apiserver::{FakeApiServer, Resource};
 use support::containerd::Containerd;
+use support::policy::UserInfo;
 use support::roles::{self, ContainerSpec, KruiseManager, Kubelet, NAMESPACE, PodSpec, wait_for};
 
 const NODE: &str = "node-a";
+const NODE_TOKEN: &str = "node-a-token";
 
 /// Fields drop in order: the roles stop before containerd is torn down.
 struct Cluster {
@@ -36,12 +38,15 @@ impl Cluster {
             .unwrap()
             .unwrap();
         let api = FakeApiServer::start().await;
+        // The agent writes as its node, under deploy/'s admission policies.
+        api.add_policies(include_str!("../deploy/node-policy.yaml"));
+        api.add_user(NODE_TOKEN, UserInfo::node(NODE));
         let cri = support::client(&ctrd.endpoint());
         let kubelet = Kubelet::start(&api, cri.clone(), NODE, ctrd.scratch("logs")).await;
         let manager = (mode == Mode::Kruise).then(|| KruiseManager::start(&api));
         let (synced, mut ready) = tokio::sync::watch::channel(false);
         let config = AgentConfig {
-            client: api.client(),
+            client: api.client_as(NODE_TOKEN),
             cri: cri.clone(),
             killer: Killer::new(cri.clone(), None),
             node_name: NODE.into(),

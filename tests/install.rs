@@ -172,3 +172,182 @@ fn systemd_analyze_verify_passes_on_the_units() {
     );
     support::remove_socket_dir(&scratch);
 }
+
+/// Stands in for kubectl: records the CSR, signs it with a test CA on
+/// approval (as the kube-apiserver-client signer would), and answers the
+/// current context's server and CA.
+const KUBECTL_STUB: &str = r#"#!/bin/bash
+set -euo pipefail
+state="$STUB_STATE"
+echo "$*" >>"$state/calls"
+case "$*" in
+  "delete certificatesigningrequest "*) ;;
+  "create -f -") cat >"$state/csr.yaml" ;;
+  "certificate approve "*)
+    sed -n 's/^  request: //p' "$state/csr.yaml" | base64 -d >"$state/req.pem"
+    openssl x509 -req -in "$state/req.pem" -CA "$state/ca.pem" -CAkey "$state/ca.key" \
+      -days 1 -extfile <(printf 'keyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n') \
+      -out "$state/cert.pem" 2>/dev/null ;;
+  "get certificatesigningrequest "*) base64 -w0 "$state/cert.pem" ;;
+  *"jsonpath={.clusters[0].cluster.server}") printf https://10.0.0.1:6443 ;;
+  *"jsonpath={.clusters[0].cluster.certificate-authority-data}") base64 -w0 "$state/ca.pem" ;;
+  *) echo "kubectl stub: unexpected $*" >&2; exit 1 ;;
+esac
+"#;
+
+fn run(program: &str, args: &[&str], envs: &[(&str, &Path)]) -> std::process::Output {
+    let mut command = Command::new(program);
+    command.args(args);
+    for (key, value) in envs {
+        command.env(key, value);
+    }
+    command.output().unwrap()
+}
+
+#[tokio::test]
+async fn node_identity_issues_a_client_certificate_for_the_node() {
+    use std::os::unix::fs::PermissionsExt;
+    let scratch = support::temp_socket("identity");
+    let dir = scratch.parent().unwrap().to_owned();
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::write(bin.join("kubectl"), KUBECTL_STUB).unwrap();
+    std::fs::set_permissions(bin.join("kubectl"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let ca = run(
+        "openssl",
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-subj",
+            "/CN=test-ca",
+            "-days",
+            "1",
+            "-keyout",
+            dir.join("ca.key").to_str().unwrap(),
+            "-out",
+            dir.join("ca.pem").to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(
+        ca.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ca.stderr)
+    );
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/node-identity.sh");
+    let out_file = dir.join("node-x.kubeconfig");
+    let issue = |node: &str| {
+        run(
+            script,
+            &[node, "--out", out_file.to_str().unwrap()],
+            &[("PATH", Path::new(&path)), ("STUB_STATE", &dir)],
+        )
+    };
+
+    let first = issue("node-x");
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert_eq!(
+        std::fs::metadata(&out_file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let csr = std::fs::read_to_string(dir.join("csr.yaml")).unwrap();
+    for line in [
+        "  name: crr-proxy-node-x",
+        "  signerName: kubernetes.io/kube-apiserver-client",
+        "  expirationSeconds: 31536000",
+        "  usages: [\"digital signature\", \"client auth\"]",
+    ] {
+        assert!(csr.lines().any(|l| l == line), "CSR lacks {line:?}:\n{csr}");
+    }
+    let subject = run(
+        "openssl",
+        &[
+            "x509",
+            "-in",
+            dir.join("cert.pem").to_str().unwrap(),
+            "-noout",
+            "-subject",
+        ],
+        &[],
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&subject.stdout).trim(),
+        "subject=O = crr-proxy:nodes, CN = crr-proxy:node:node-x"
+    );
+
+    // kube (as crr-proxy uses it) reads the kubeconfig and loads the identity.
+    let kubeconfig = kube::config::Kubeconfig::read_from(&out_file).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    assert_eq!(config.cluster_url.to_string(), "https://10.0.0.1:6443/");
+    assert!(
+        config
+            .root_cert
+            .as_ref()
+            .is_some_and(|certs| certs.len() == 1)
+    );
+    kube::Client::try_from(config).expect("a client with the node's certificate and key");
+
+    // Re-issuing replaces the old CSR; a name that is no node name is refused.
+    assert!(issue("node-x").status.success());
+    let calls = std::fs::read_to_string(dir.join("calls")).unwrap();
+    let deletes = calls
+        .lines()
+        .filter(|l| l.starts_with("delete certificatesigningrequest crr-proxy-node-x"))
+        .count();
+    assert_eq!(deletes, 2, "{calls}");
+    let bad = issue("Node X; rm -rf /");
+    assert_eq!(bad.status.code(), Some(2));
+    support::remove_socket_dir(&scratch);
+}
+
+#[test]
+fn installs_the_node_identity_and_names_it_in_the_settings() {
+    use std::os::unix::fs::PermissionsExt;
+    let scratch = support::temp_socket("install-identity");
+    let root = scratch.parent().unwrap().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let identity = scratch.parent().unwrap().join("node.kubeconfig");
+    std::fs::write(&identity, "apiVersion: v1\nkind: Config\n").unwrap();
+    let before = snapshot(&root);
+
+    install(&root, &["--kubeconfig", identity.to_str().unwrap()]);
+    let once = snapshot(&root);
+    install(&root, &["--kubeconfig", identity.to_str().unwrap()]);
+    assert_eq!(snapshot(&root), once, "a second run changed the node");
+    let installed = root.join("etc/crr-proxy/kubeconfig");
+    assert_eq!(
+        std::fs::read(&installed).unwrap(),
+        std::fs::read(&identity).unwrap()
+    );
+    assert_eq!(
+        std::fs::metadata(&installed).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let env = std::fs::read_to_string(root.join("etc/crr-proxy/crr-proxy.env")).unwrap();
+    assert_eq!(
+        env.lines()
+            .filter(|l| *l == "CRR_PROXY_KUBECONFIG=/etc/crr-proxy/kubeconfig")
+            .count(),
+        1,
+        "{env}"
+    );
+
+    install(&root, &["--uninstall"]);
+    let files = |s: BTreeMap<String, (u32, Vec<u8>)>| -> Vec<String> {
+        s.into_keys().filter(|n| !n.ends_with('/')).collect()
+    };
+    assert_eq!(files(snapshot(&root)), files(before));
+    support::remove_socket_dir(&scratch);
+}

@@ -270,6 +270,15 @@ pub(crate) async fn manage_pod(
     }
 
     for crr in Parts::of_pod(&parts.finished, key) {
+        if !is_finished(&crr) {
+            // A refusal cut short between its label and its status.
+            match fresh_pod(agent, key).await? {
+                Some(fresh) => accept(agent, &crr, &fresh).await?,
+                None => agent.complete(&crr, "pod has gone").await?,
+            }
+            wrote = true;
+            continue;
+        }
         let (Some(ttl), Some(done)) = (
             crr.spec.ttl_seconds_after_finished,
             crr.status.as_ref().and_then(|s| s.completion_time.as_ref()),
@@ -377,7 +386,10 @@ async fn accept(
         }
         Err(message) => {
             info!(crr = %crr.name_any(), %message, "refusing");
-            agent.complete(crr, &message).await?;
+            // Labelled first: the node policy lets a node write only CRRs
+            // that carry its name. Should crr-proxy stop in between, the
+            // finished watch sees a labelled, inactive, incomplete CRR and
+            // the refusal is judged again.
             let mut node_labels = BTreeMap::new();
             node_labels.insert(
                 labels::NODE_NAME.to_owned(),
@@ -385,7 +397,8 @@ async fn accept(
             );
             node_labels.insert(labels::POD_UID.to_owned(), Some(uid));
             let patch = json!({"metadata": {"labels": node_labels}});
-            merge(&api, crr, &patch).await?;
+            let labelled = merge(&api, crr, &patch).await?;
+            agent.complete(&labelled, &message).await?;
         }
     }
     Ok(())

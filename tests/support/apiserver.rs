@@ -9,7 +9,7 @@
 //! Events. Tests reach it over HTTP through kube, and in-process through
 //! the same operations.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -24,7 +24,14 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, mpsc, watch};
 
+use super::policy::{self, Attributes, Policy, UserInfo};
+
 const HISTORY: usize = 10_000;
+
+tokio::task_local! {
+    /// Who sent the HTTP request being served; unset for in-process calls.
+    static CALLER: Option<UserInfo>;
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Resource {
@@ -61,6 +68,17 @@ impl Resource {
             Resource::Pod => "Pod",
             Resource::Node => "Node",
             Resource::Event | Resource::CoreEvent => "Event",
+        }
+    }
+
+    /// The API group and plural, as admission sees them.
+    fn group_resource(self) -> (&'static str, &'static str) {
+        match self {
+            Resource::Crr => ("apps.kruise.io", "containerrecreaterequests"),
+            Resource::Pod => ("", "pods"),
+            Resource::Node => ("", "nodes"),
+            Resource::CoreEvent => ("", "events"),
+            Resource::Event => ("events.k8s.io", "events"),
         }
     }
 
@@ -272,6 +290,10 @@ struct Inner {
     /// "verb resource[/subresource]" a SelfSubjectAccessReview answers
     /// "not allowed" for; everything else is allowed.
     denied: Mutex<Vec<String>>,
+    /// Bearer tokens and who they authenticate; requests without one act
+    /// as a cluster admin (the tests' own clients).
+    users: Mutex<HashMap<String, UserInfo>>,
+    policies: Mutex<Vec<Arc<Policy>>>,
     store: Mutex<Store>,
     changes: broadcast::Sender<Change>,
     admission: Mutex<Vec<Admission>>,
@@ -295,6 +317,8 @@ impl FakeApiServer {
         let inner = Arc::new(Inner {
             offline: std::sync::atomic::AtomicBool::new(false),
             denied: Mutex::new(Vec::new()),
+            users: Mutex::new(HashMap::new()),
+            policies: Mutex::new(Vec::new()),
             store: Mutex::new(Store {
                 rv: 1,
                 objects: BTreeMap::new(),
@@ -335,9 +359,21 @@ impl FakeApiServer {
 
     /// A kube client for this server.
     pub fn client(&self) -> kube::Client {
+        kube::Client::try_from(self.config()).expect("kube client")
+    }
+
+    /// A kube client that authenticates with a bearer token (see `add_user`).
+    pub fn client_as(&self, token: &str) -> kube::Client {
+        let mut config = self.config();
+        let value = format!("Bearer {token}").parse().expect("header value");
+        config.headers.push((http::header::AUTHORIZATION, value));
+        kube::Client::try_from(config).expect("kube client")
+    }
+
+    fn config(&self) -> kube::Config {
         let mut config = kube::Config::new(self.url.parse().expect("server URL"));
         config.default_namespace = "default".into();
-        kube::Client::try_from(config).expect("kube client")
+        config
     }
 
     /// Makes the server unreachable (every connection dropped) or reachable
@@ -358,6 +394,47 @@ impl FakeApiServer {
     /// Makes SelfSubjectAccessReviews deny `rule` ("verb resource[/sub]").
     pub fn deny(&self, rule: &str) {
         lock(&self.inner.denied).push(rule.to_owned());
+    }
+
+    /// Authenticates `token` as `user`.
+    pub fn add_user(&self, token: &str, user: UserInfo) {
+        lock(&self.inner.users).insert(token.to_owned(), user);
+    }
+
+    /// Installs the ValidatingAdmissionPolicies (with their bindings) of a
+    /// manifest. They judge HTTP requests of authenticated users.
+    pub fn add_policies(&self, manifest: &str) {
+        let loaded = policy::load(manifest);
+        assert!(!loaded.is_empty(), "no bound policy in the manifest");
+        lock(&self.inner.policies).extend(loaded.into_iter().map(Arc::new));
+    }
+
+    /// The policies' verdict on a write by the current HTTP caller.
+    fn admit_policies(
+        &self,
+        operation: &'static str,
+        (resource, namespace, name): &Key,
+        status: bool,
+        object: Option<&Value>,
+        old_object: Option<&Value>,
+    ) -> Result<(), ApiError> {
+        let Ok(Some(user)) = CALLER.try_with(Clone::clone) else {
+            return Ok(());
+        };
+        let (group, plural) = resource.group_resource();
+        let attrs = Attributes {
+            operation,
+            group,
+            resource: plural,
+            subresource: if status { "status" } else { "" },
+            namespace,
+            name,
+            object,
+            old_object,
+            user: &user,
+        };
+        let policies = lock(&self.inner.policies).clone();
+        policies.iter().try_for_each(|p| p.admit(&attrs))
     }
 
     pub fn add_admission(&self, hook: Admission) {
@@ -448,6 +525,7 @@ impl FakeApiServer {
         for hook in hooks {
             hook(Operation::Create, resource, &mut obj, None, &store)?;
         }
+        self.admit_policies("CREATE", &key, false, Some(&obj), None)?;
         obj["apiVersion"] = json!(resource.api_version());
         obj["kind"] = json!(resource.kind());
         let meta = &mut obj["metadata"];
@@ -572,6 +650,8 @@ impl FakeApiServer {
             ));
         }
         next["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"].clone();
+        // Admission judges a write even when it changes nothing.
+        self.admit_policies("UPDATE", &key, status, Some(&next), Some(&current))?;
         if next == current {
             // A no-op write does not bump the resourceVersion.
             return Ok(current);
@@ -615,6 +695,7 @@ impl FakeApiServer {
             .get(&key)
             .cloned()
             .ok_or_else(|| ApiError::not_found(resource, name))?;
+        self.admit_policies("DELETE", &key, false, None, Some(&current))?;
         let has_finalizers = current
             .pointer("/metadata/finalizers")
             .and_then(Value::as_array)
@@ -681,7 +762,23 @@ impl FakeApiServer {
     // === HTTP ===
 
     async fn serve(&self, req: Request<Incoming>) -> Response<BoxBody<Bytes, Infallible>> {
-        match self.route(req).await {
+        let token = req
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::to_owned);
+        let caller = match token {
+            None => None,
+            Some(token) => match lock(&self.inner.users).get(&token) {
+                Some(user) => Some(user.clone()),
+                None => {
+                    let error = ApiError::new(401, "Unauthorized", "Unauthorized");
+                    return respond(401, &error.status());
+                }
+            },
+        };
+        match CALLER.scope(caller, self.route(req)).await {
             Ok(response) => response,
             Err(error) => respond(error.code, &error.status()),
         }

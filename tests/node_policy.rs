@@ -1,0 +1,224 @@
+//! deploy/node-policy.yaml, as written, judged by a CEL interpreter in the
+//! fake API server: each node's crr-proxy identity may write only the CRRs
+//! and Pods of its own node. (The agent tests run every scenario under the
+//! same policy, as node-a.)
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+mod support;
+
+use crr_proxy::crr::ContainerRecreateRequest;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use serde_json::{Value, json};
+use support::apiserver::{FakeApiServer, Resource};
+use support::policy::UserInfo;
+
+const NODE_LABEL: &str = "crr.apps.kruise.io/node-name";
+
+async fn server() -> FakeApiServer {
+    let server = FakeApiServer::start().await;
+    server.add_policies(include_str!("../deploy/node-policy.yaml"));
+    server.add_user("a", UserInfo::node("node-a"));
+    server.add_user("b", UserInfo::node("node-b"));
+    // A user outside crr-proxy:nodes (kruise-manager, a person).
+    server.add_user(
+        "manager",
+        UserInfo {
+            username: "system:serviceaccount:kruise-system:kruise-manager".into(),
+            groups: vec![
+                "system:serviceaccounts".into(),
+                "system:authenticated".into(),
+            ],
+        },
+    );
+    for (name, node) in [
+        ("of-a", Some("node-a")),
+        ("of-b", Some("node-b")),
+        ("new", None),
+    ] {
+        let labels = match node {
+            Some(node) => json!({NODE_LABEL: node, "crr.apps.kruise.io/active": "true"}),
+            None => json!({}),
+        };
+        server
+            .create_unchecked(
+                Resource::Crr,
+                "default",
+                json!({"metadata": {"name": name, "labels": labels},
+                       "spec": {"podName": "web-0", "containers": [{"name": "app"}]}}),
+            )
+            .unwrap();
+    }
+    for (name, node) in [("pod-a", "node-a"), ("pod-b", "node-b")] {
+        server
+            .create_unchecked(
+                Resource::Pod,
+                "default",
+                json!({"metadata": {"name": name}, "spec": {"nodeName": node, "containers": [{"name": "app"}]}}),
+            )
+            .unwrap();
+    }
+    server
+}
+
+/// The HTTP status of a write (200 when it went through) and the message.
+fn code<T>(result: Result<T, kube::Error>) -> (u16, String) {
+    match result {
+        Ok(_) => (200, String::new()),
+        Err(kube::Error::Api(status)) => (status.code, status.message),
+        Err(other) => panic!("unexpected error {other}"),
+    }
+}
+
+async fn patch_crr(
+    server: &FakeApiServer,
+    token: &str,
+    name: &str,
+    patch: Value,
+    status: bool,
+) -> (u16, String) {
+    let api: Api<ContainerRecreateRequest> = Api::namespaced(server.client_as(token), "default");
+    let params = PatchParams::default();
+    let patch = Patch::Merge(&patch);
+    code(if status {
+        api.patch_status(name, &params, &patch).await
+    } else {
+        api.patch(name, &params, &patch).await
+    })
+}
+
+#[tokio::test]
+async fn a_node_writes_only_its_own_crrs() {
+    let server = server().await;
+    let states = json!({"status": {"phase": "Recreating"}});
+
+    // Its own CRR: status and metadata writes go through.
+    assert_eq!(
+        patch_crr(&server, "a", "of-a", states.clone(), true)
+            .await
+            .0,
+        200
+    );
+    let release = json!({"metadata": {"labels": {"crr.apps.kruise.io/active": null}}});
+    assert_eq!(
+        patch_crr(&server, "a", "of-a", release.clone(), false)
+            .await
+            .0,
+        200
+    );
+
+    // Another node's CRR: refused, whatever the write, and left as it was.
+    let (status, message) = patch_crr(&server, "a", "of-b", states.clone(), true).await;
+    assert_eq!(status, 403, "{message}");
+    assert_eq!(
+        message,
+        "containerrecreaterequests.apps.kruise.io \"of-b\" is forbidden: ValidatingAdmissionPolicy \
+         'crr-proxy-own-node-crrs' with binding 'crr-proxy-own-node-crrs' denied request: \
+         this ContainerRecreateRequest belongs to another node"
+    );
+    assert_eq!(patch_crr(&server, "a", "of-b", release, false).await.0, 403);
+    let take = json!({"metadata": {"labels": {NODE_LABEL: "node-a"}}});
+    assert_eq!(patch_crr(&server, "a", "of-b", take, false).await.0, 403);
+    let of_b = server.get(Resource::Crr, "default", "of-b").unwrap();
+    assert_eq!(of_b["metadata"]["labels"][NODE_LABEL], "node-b");
+    assert_eq!(
+        of_b["metadata"]["labels"]["crr.apps.kruise.io/active"],
+        "true"
+    );
+    assert!(of_b["status"].is_null());
+
+    // Its own CRR cannot be handed to another node or unlabelled.
+    let hand_over = json!({"metadata": {"labels": {NODE_LABEL: "node-b"}}});
+    let (status, message) = patch_crr(&server, "a", "of-a", hand_over, false).await;
+    assert_eq!(status, 403);
+    assert!(message.ends_with("with its own name"), "{message}");
+    let unlabel = json!({"metadata": {"labels": {NODE_LABEL: null}}});
+    assert_eq!(patch_crr(&server, "a", "of-a", unlabel, false).await.0, 403);
+}
+
+#[tokio::test]
+async fn a_new_crr_can_be_claimed_only_by_its_node_name() {
+    let server = server().await;
+    // Unclaimed: no status write before the label (standalone labels first).
+    let refuse = json!({"status": {"phase": "Completed", "message": "refused"}});
+    assert_eq!(
+        patch_crr(&server, "a", "new", refuse.clone(), true).await.0,
+        403
+    );
+    // Claiming it for another node is refused; for itself it goes through.
+    let for_b = json!({"metadata": {"labels": {NODE_LABEL: "node-b"}}});
+    assert_eq!(patch_crr(&server, "a", "new", for_b, false).await.0, 403);
+    let for_a = json!({"metadata": {"labels": {NODE_LABEL: "node-a", "crr.apps.kruise.io/active": "true"}}});
+    assert_eq!(patch_crr(&server, "a", "new", for_a, false).await.0, 200);
+    // Then it is node-a's: its status may be written, and node-b is locked out.
+    assert_eq!(
+        patch_crr(&server, "a", "new", refuse.clone(), true).await.0,
+        200
+    );
+    assert_eq!(patch_crr(&server, "b", "new", refuse, true).await.0, 403);
+}
+
+#[tokio::test]
+async fn a_node_deletes_only_its_own_crrs() {
+    let server = server().await;
+    let api =
+        |token| Api::<ContainerRecreateRequest>::namespaced(server.client_as(token), "default");
+    let delete = DeleteParams::default();
+    assert_eq!(code(api("a").delete("of-b", &delete).await).0, 403);
+    assert_eq!(code(api("a").delete("new", &delete).await).0, 403);
+    assert_eq!(code(api("a").delete("of-a", &delete).await).0, 200);
+    assert!(server.get(Resource::Crr, "default", "of-a").is_none());
+    assert!(server.get(Resource::Crr, "default", "of-b").is_some());
+    assert!(server.get(Resource::Crr, "default", "new").is_some());
+}
+
+#[tokio::test]
+async fn a_node_writes_the_status_only_of_its_own_pods() {
+    let server = server().await;
+    let pods = Api::<Pod>::namespaced(server.client_as("a"), "default");
+    let gate = json!({"status": {"conditions": [{"type": "KruisePodReady", "status": "False"}]}});
+    let params = PatchParams::default();
+    assert_eq!(
+        code(
+            pods.patch_status("pod-a", &params, &Patch::Merge(&gate))
+                .await
+        )
+        .0,
+        200
+    );
+    let (status, message) = code(
+        pods.patch_status("pod-b", &params, &Patch::Merge(&gate))
+            .await,
+    );
+    assert_eq!(status, 403);
+    assert!(
+        message.ends_with("a node may only write the status of its own Pods"),
+        "{message}"
+    );
+    assert!(server.get(Resource::Pod, "default", "pod-b").unwrap()["status"].is_null());
+}
+
+#[tokio::test]
+async fn other_users_are_not_matched_and_unknown_tokens_are_refused() {
+    let server = server().await;
+    // kruise-manager (not in crr-proxy:nodes) labels, writes and deletes any CRR.
+    let label = json!({"metadata": {"labels": {NODE_LABEL: "node-b"}}});
+    assert_eq!(
+        patch_crr(&server, "manager", "new", label, false).await.0,
+        200
+    );
+    let done = json!({"status": {"phase": "Completed"}});
+    assert_eq!(
+        patch_crr(&server, "manager", "of-a", done, true).await.0,
+        200
+    );
+    let api = Api::<ContainerRecreateRequest>::namespaced(server.client_as("manager"), "default");
+    assert_eq!(
+        code(api.delete("of-b", &DeleteParams::default()).await).0,
+        200
+    );
+    // A token the authenticator does not know.
+    let stranger =
+        Api::<ContainerRecreateRequest>::namespaced(server.client_as("nobody"), "default");
+    assert_eq!(code(stranger.get("of-a").await).0, 401);
+}
