@@ -155,6 +155,14 @@ pub type Admission = Arc<
 
 type Key = (Resource, String, String);
 
+/// Matches a write by method, path and JSON body.
+pub type WriteMatcher = Arc<dyn Fn(&Method, &str, &Value) -> bool + Send + Sync>;
+
+struct Stall {
+    matches: WriteMatcher,
+    hit: Arc<tokio::sync::Notify>,
+}
+
 /// The objects and their history.
 pub struct Store {
     rv: u64,
@@ -294,6 +302,8 @@ struct Inner {
     /// as a cluster admin (the tests' own clients).
     users: Mutex<HashMap<String, UserInfo>>,
     policies: Mutex<Vec<Arc<Policy>>>,
+    /// Writes this matches are swallowed: never applied, never answered.
+    stall: Mutex<Option<Stall>>,
     store: Mutex<Store>,
     changes: broadcast::Sender<Change>,
     admission: Mutex<Vec<Admission>>,
@@ -319,6 +329,7 @@ impl FakeApiServer {
             denied: Mutex::new(Vec::new()),
             users: Mutex::new(HashMap::new()),
             policies: Mutex::new(Vec::new()),
+            stall: Mutex::new(None),
             store: Mutex::new(Store {
                 rv: 1,
                 objects: BTreeMap::new(),
@@ -394,6 +405,23 @@ impl FakeApiServer {
     /// Makes SelfSubjectAccessReviews deny `rule` ("verb resource[/sub]").
     pub fn deny(&self, rule: &str) {
         lock(&self.inner.denied).push(rule.to_owned());
+    }
+
+    /// From now on, an HTTP write that `matches` is swallowed: it is never
+    /// applied and never answered, as if the writer died just before the
+    /// API server had it. The returned Notify fires at the first such write.
+    pub fn stall_writes(&self, matches: WriteMatcher) -> Arc<tokio::sync::Notify> {
+        let hit = Arc::new(tokio::sync::Notify::new());
+        *lock(&self.inner.stall) = Some(Stall {
+            matches,
+            hit: Arc::clone(&hit),
+        });
+        hit
+    }
+
+    /// Writes go through again.
+    pub fn clear_stall(&self) {
+        *lock(&self.inner.stall) = None;
     }
 
     /// Authenticates `token` as `user`.
@@ -883,6 +911,20 @@ impl FakeApiServer {
             serde_json::from_slice::<Value>(&body)
                 .map_err(|e| ApiError::new(400, "BadRequest", e.to_string()))
         };
+        if matches!(
+            parts.method,
+            Method::PUT | Method::PATCH | Method::POST | Method::DELETE
+        ) {
+            let body = serde_json::from_slice::<Value>(&body).unwrap_or(Value::Null);
+            let stalled = lock(&self.inner.stall)
+                .as_ref()
+                .filter(|s| (s.matches)(&parts.method, parts.uri.path(), &body))
+                .map(|s| Arc::clone(&s.hit));
+            if let Some(hit) = stalled {
+                hit.notify_one();
+                std::future::pending::<()>().await;
+            }
+        }
         let ns = namespace.clone().unwrap_or_default();
         let ok = |code: u16, obj: Value| Ok(respond(code, &obj));
         match (&parts.method, name) {

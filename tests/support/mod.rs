@@ -125,11 +125,17 @@ pub fn wait_for_path(path: &Path) {
 
 /// A kubeconfig for an API server at `server`, without credentials.
 pub fn write_kubeconfig(path: &Path, server: &str) {
+    write_kubeconfig_as(path, server, None);
+}
+
+/// A kubeconfig that authenticates with a bearer token.
+pub fn write_kubeconfig_as(path: &Path, server: &str, token: Option<&str>) {
+    let user = token.map_or_else(|| "{}".to_owned(), |t| format!("{{token: \"{t}\"}}"));
     std::fs::write(
         path,
         format!(
             "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"{server}\"}}}}]\n\
-             users: [{{name: u, user: {{}}}}]\ncontexts: [{{name: c, context: {{cluster: fake, user: u}}}}]\n\
+             users: [{{name: u, user: {user}}}]\ncontexts: [{{name: c, context: {{cluster: fake, user: u}}}}]\n\
              current-context: c\n"
         ),
     )

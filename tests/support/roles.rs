@@ -43,6 +43,8 @@ pub struct ContainerSpec {
     pub pre_stop: Option<Value>,
     /// How long a postStart hook keeps the container from being ready.
     pub post_start: Duration,
+    /// A host directory mounted at `/shared` (hooks leave traces there).
+    pub shared: Option<PathBuf>,
 }
 
 impl ContainerSpec {
@@ -59,6 +61,7 @@ impl ContainerSpec {
             .to_vec(),
             pre_stop: None,
             post_start: Duration::ZERO,
+            shared: None,
         }
     }
 }
@@ -260,6 +263,9 @@ async fn start(
             .insert(keys::PRE_STOP_HANDLER.into(), pre_stop.to_string());
     }
     pods::own_pid_namespace(&mut config);
+    if let Some(shared) = &spec.shared {
+        pods::mount(&mut config, shared, "/shared");
+    }
     let mut cri = cri.clone();
     let id = pods::start(&mut cri, &pod.sandbox_id, &pod.sandbox, config).await?;
     let status = cri
