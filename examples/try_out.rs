@@ -31,6 +31,7 @@ async fn main() -> anyhow::Result<()> {
         },
         agent: None,
         metrics_addr: None,
+        recreated_file: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let proxy = tokio::spawn(crr_proxy::run(config, async {

@@ -39,6 +39,7 @@ use crate::crr::{
 };
 use crate::kill::{self, HookResult, KillRequest, Killer};
 use crate::proxy::Endpoint;
+use crate::reason::Recreated;
 use queue::{Next, Queue};
 
 /// kruise-daemon runs 32 workers.
@@ -72,6 +73,8 @@ pub struct AgentConfig {
     pub killer: Killer,
     pub node_name: String,
     pub mode: Mode,
+    /// Where the containers stopped for CRRs are recorded (`reason`).
+    pub recreated: Arc<Recreated>,
 }
 
 /// Who else handles CRRs.
@@ -103,6 +106,7 @@ struct Agent {
     runtime_name: tokio::sync::OnceCell<String>,
     /// Standalone mode's extra watches.
     standalone: Option<standalone::Parts>,
+    recreated: Arc<Recreated>,
 }
 
 /// The Kubernetes client configuration: `--kubeconfig`, else `$KUBECONFIG`
@@ -130,6 +134,7 @@ pub async fn spawn(
     settings: &AgentSettings,
     runtime: &Endpoint,
     synced: watch::Sender<bool>,
+    recreated: Arc<Recreated>,
 ) -> Result<(), AgentError> {
     let config = kube_config(settings).await?;
     let node_name = settings.node_name.clone();
@@ -166,6 +171,7 @@ pub async fn spawn(
                     killer,
                     node_name,
                     mode,
+                    recreated,
                 };
                 run(config, synced, std::future::pending()).await;
             });
@@ -187,6 +193,7 @@ pub async fn run(
         killer,
         node_name,
         mode,
+        recreated,
     } = config;
     let selector = format!("{}={node_name},{}=true", labels::NODE_NAME, labels::ACTIVE);
     let (store, writer) = reflector::store();
@@ -217,6 +224,7 @@ pub async fn run(
         expectations: Mutex::new(HashMap::new()),
         runtime_name: tokio::sync::OnceCell::new(),
         standalone,
+        recreated,
     });
     info!(node = %node_name, %selector, ?mode, "watching ContainerRecreateRequests");
     let gate = Arc::new(SyncGate::new(if streams.is_some() { 4 } else { 1 }, synced));
@@ -542,10 +550,8 @@ impl Agent {
         runtime_id: Option<String>,
         name: String,
     ) -> impl Future<Output = Result<(), String>> + use<'_> {
-        let message = format!(
-            "Stopping container {name} by ContainerRecreateRequest {}",
-            crr.name_any()
-        );
+        let (crr_namespace, crr_name) = (crr.namespace().unwrap_or_default(), crr.name_any());
+        let message = format!("Stopping container {name} by ContainerRecreateRequest {crr_name}");
         let spec = crr.spec.containers.iter().find(|c| c.name == name).cloned();
         let grace_period = crr
             .spec
@@ -610,6 +616,13 @@ impl Agent {
                         note.into(),
                     )
                     .await;
+                }
+            }
+            if outcome.stop_timeout.is_some() {
+                // StopContainer went out: from now on kubelet is told why.
+                let crr_key = format!("{}/{}", crr_namespace, crr_name);
+                if let Err(error) = self.recreated.record(&id, &crr_key) {
+                    warn!(%error, "the restart reason will not survive a restart");
                 }
             }
             info!(container = %name, after = ?outcome.after, "container killed");

@@ -92,6 +92,21 @@ pub struct RunArgs {
     #[arg(long, env = "CRR_PROXY_METRICS_ADDR")]
     pub metrics_addr: Option<SocketAddr>,
 
+    /// Tell kubelet why a container restarted: for containers stopped for a
+    /// CRR, status answers carry reason `ContainerRecreateRequest` instead
+    /// of the runtime's `Error`/`Completed`. `false` passes them unchanged.
+    #[arg(long, env = "CRR_PROXY_REASON_REWRITE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub reason_rewrite: bool,
+
+    /// Where crr-proxy keeps what must survive a restart (the containers it
+    /// stopped, for the reason rewrite).
+    #[arg(
+        long,
+        env = "CRR_PROXY_STATE_DIR",
+        default_value = "/var/lib/crr-proxy"
+    )]
+    pub state_dir: PathBuf,
+
     /// Log format on stderr. The level comes from CRR_PROXY_LOG (or RUST_LOG),
     /// e.g. `info` or `crr_proxy=debug`.
     #[arg(long, env = "CRR_PROXY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -126,6 +141,8 @@ pub struct RunConfig {
     pub routes: Routes,
     pub agent: Option<AgentSettings>,
     pub metrics_addr: Option<SocketAddr>,
+    /// The file of containers stopped for CRRs; `None`: no reason rewrite.
+    pub recreated_file: Option<PathBuf>,
 }
 
 /// What the CRR agent needs to start.
@@ -176,6 +193,9 @@ impl RunArgs {
             },
             agent,
             metrics_addr: self.metrics_addr,
+            recreated_file: self
+                .reason_rewrite
+                .then(|| self.state_dir.join("recreated")),
         })
     }
 }
@@ -289,6 +309,29 @@ mod tests {
         assert_eq!(run.log_format, LogFormat::Text);
         let config = run.validate().unwrap();
         assert!(config.routes.image.is_none());
+    }
+
+    #[test]
+    fn the_reason_rewrite_keeps_its_record_in_the_state_dir_unless_off() {
+        let config = parse(&[]).unwrap().validate().unwrap();
+        assert_eq!(
+            config.recreated_file,
+            Some(PathBuf::from("/var/lib/crr-proxy/recreated"))
+        );
+        let config = parse(&["--state-dir", "/tmp/s"])
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert_eq!(
+            config.recreated_file,
+            Some(PathBuf::from("/tmp/s/recreated"))
+        );
+        let config = parse(&["--reason-rewrite", "false"])
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert_eq!(config.recreated_file, None);
+        assert!(parse(&["--reason-rewrite", "maybe"]).is_err());
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod kill;
 pub mod metrics;
 pub mod notify;
 pub mod proxy;
+pub mod reason;
 pub mod telemetry;
 
 use std::future::Future;
@@ -50,8 +51,18 @@ pub async fn run(
     // before its agent could act on a single CRR.
     let (listener, _socket_file) = Listener::open(&config.listen)?.into_parts();
     let (synced, ready) = tokio::sync::watch::channel(config.agent.is_none());
+    let recreated = match &config.recreated_file {
+        Some(file) => reason::Recreated::open(file).unwrap_or_else(|error| {
+            // The rewrite is a courtesy: never a reason not to serve.
+            tracing::warn!(%error, "forgetting earlier recreations");
+            reason::Recreated::in_memory()
+        }),
+        None => reason::Recreated::in_memory(),
+    };
+    let recreated = std::sync::Arc::new(recreated);
     if let Some(settings) = &config.agent {
-        agent::spawn(settings, &config.routes.runtime, synced).await?;
+        let recorded = std::sync::Arc::clone(&recreated);
+        agent::spawn(settings, &config.routes.runtime, synced, recorded).await?;
     }
     let metrics = std::sync::Arc::new(metrics::Metrics::default());
     if let Some(addr) = config.metrics_addr {
@@ -69,9 +80,10 @@ pub async fn run(
         shutdown.await;
         let _ = notify::notify("STOPPING=1");
     };
-    Proxy::new(config.routes)
-        .with_metrics(metrics)
-        .serve(listener, shutdown)
-        .await;
+    let mut proxy = Proxy::new(config.routes).with_metrics(metrics);
+    if config.recreated_file.is_some() {
+        proxy = proxy.with_reasons(recreated);
+    }
+    proxy.serve(listener, shutdown).await;
     Ok(())
 }

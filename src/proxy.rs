@@ -4,7 +4,9 @@
 //! runtime as raw HTTP/2: the request and response headers, every DATA frame
 //! and the trailers pass through as they are, so methods, services and fields
 //! crr-proxy has never heard of reach the runtime unchanged. Nothing here
-//! decodes protobuf, adds a deadline or limits message sizes.
+//! adds a deadline or limits message sizes. The one exception to "unchanged"
+//! is `reason`: once the agent has recreated a container, the status answers
+//! about it say so (two string fields, edited at the wire level).
 
 mod body;
 mod endpoint;
@@ -25,6 +27,7 @@ use tokio::net::UnixListener;
 use tracing::{debug, info, warn};
 
 use crate::metrics::Metrics;
+use crate::reason::{Editor, Recreated, StatusResponse};
 
 use body::Call;
 pub use body::ProxyBody;
@@ -46,6 +49,7 @@ pub struct Routes {
 pub struct Proxy {
     routes: Arc<Routes>,
     metrics: Arc<Metrics>,
+    recreated: Option<Arc<Recreated>>,
     server: hyper::server::conn::http2::Builder<TokioExecutor>,
     drain_timeout: Duration,
 }
@@ -72,6 +76,7 @@ impl Proxy {
         Self {
             routes: Arc::new(routes),
             metrics: Arc::default(),
+            recreated: None,
             server,
             drain_timeout: Duration::from_secs(10),
         }
@@ -80,6 +85,13 @@ impl Proxy {
     /// Counts calls in `metrics` (by default in metrics of its own).
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
         self.metrics = metrics;
+        self
+    }
+
+    /// Tells kubelet why the containers in `recreated` stopped (see
+    /// `reason`); without it, every byte passes unchanged.
+    pub fn with_reasons(mut self, recreated: Arc<Recreated>) -> Self {
+        self.recreated = Some(recreated);
         self
     }
 
@@ -103,7 +115,7 @@ impl Proxy {
                 accepted = listener.accept() => match accepted {
                     Ok((stream, _)) => {
                         let routes = Arc::clone(&self.routes);
-                        let conn = Connection::new(&routes, &self.metrics);
+                        let conn = Connection::new(&routes, &self.metrics, self.recreated.clone());
                         let service = service_fn(move |req| {
                             let conn = Arc::clone(&conn);
                             async move { Ok::<_, Infallible>(conn.forward(req).await) }
@@ -146,12 +158,17 @@ struct Connection {
     runtime: Upstream,
     image: Option<Upstream>,
     metrics: Arc<Metrics>,
+    recreated: Option<Arc<Recreated>>,
 }
 
 // === impl Connection ===
 
 impl Connection {
-    fn new(routes: &Routes, metrics: &Arc<Metrics>) -> Arc<Self> {
+    fn new(
+        routes: &Routes,
+        metrics: &Arc<Metrics>,
+        recreated: Option<Arc<Recreated>>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             runtime: Upstream::new(routes.runtime.clone(), Arc::clone(metrics)),
             image: routes
@@ -159,6 +176,7 @@ impl Connection {
                 .clone()
                 .map(|image| Upstream::new(image, Arc::clone(metrics))),
             metrics: Arc::clone(metrics),
+            recreated,
         })
     }
 
@@ -174,12 +192,30 @@ impl Connection {
             _ => &self.runtime,
         };
         let mut call = Call::start(&self.metrics, req.uri().path());
+        // Only the three status answers, and only once a container was
+        // recreated, pay for reading messages.
+        let editor = self
+            .recreated
+            .as_ref()
+            .filter(|r| !r.is_empty())
+            .and_then(|r| {
+                Some((
+                    Editor::new(StatusResponse::for_path(req.uri().path())?),
+                    Arc::clone(r),
+                ))
+            });
         let response = upstream.forward(req).await;
         // A trailers-only answer carries its status in the headers.
         if let Some(code) = body::grpc_code(response.headers()) {
             call.finish(code);
         }
-        response.map(|body| body.counted(call))
+        response.map(|body| {
+            let body = body.counted(call);
+            match editor {
+                Some((editor, recreated)) => body.edited(editor, recreated),
+                None => body,
+            }
+        })
     }
 }
 

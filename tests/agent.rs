@@ -7,12 +7,17 @@
 
 mod support;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use crr_proxy::agent::{self, AgentConfig, Mode};
+use crr_proxy::cri::v1::ContainerStatusRequest;
 use crr_proxy::kill::Killer;
+use crr_proxy::proxy::{Proxy, Routes};
+use crr_proxy::reason::Recreated;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
+use support::ProxyUnderTest;
 use support::apiserver::{FakeApiServer, Resource};
 use support::containerd::Containerd;
 use support::policy::UserInfo;
@@ -25,6 +30,10 @@ const NODE_TOKEN: &str = "node-a-token";
 struct Cluster {
     api: FakeApiServer,
     kubelet: Kubelet,
+    /// kubelet's CRI path: crr-proxy in front of containerd, sharing the
+    /// agent's record of recreated containers (kept in `recreated_file`).
+    proxy: ProxyUnderTest,
+    recreated_file: std::path::PathBuf,
     _manager: Option<KruiseManager>,
     agent: tokio::task::JoinHandle<()>,
     _ctrd: Containerd,
@@ -42,7 +51,16 @@ impl Cluster {
         api.add_policies(include_str!("../deploy/node-policy.yaml"));
         api.add_user(NODE_TOKEN, UserInfo::node(NODE));
         let cri = support::client(&ctrd.endpoint());
-        let kubelet = Kubelet::start(&api, cri.clone(), NODE, ctrd.scratch("logs")).await;
+        let recreated_file = ctrd.scratch("state").join("recreated");
+        let recreated = Arc::new(Recreated::open(&recreated_file).unwrap());
+        let proxy = ProxyUnderTest::serve(
+            Proxy::new(Routes {
+                runtime: ctrd.endpoint(),
+                image: None,
+            })
+            .with_reasons(Arc::clone(&recreated)),
+        );
+        let kubelet = Kubelet::start(&api, proxy.client(), NODE, ctrd.scratch("logs")).await;
         let manager = (mode == Mode::Kruise).then(|| KruiseManager::start(&api));
         let (synced, mut ready) = tokio::sync::watch::channel(false);
         let config = AgentConfig {
@@ -51,6 +69,7 @@ impl Cluster {
             killer: Killer::new(cri.clone(), None),
             node_name: NODE.into(),
             mode,
+            recreated: Arc::clone(&recreated),
         };
         let agent = tokio::spawn(agent::run(config, synced, std::future::pending()));
         tokio::time::timeout(Duration::from_secs(10), ready.wait_for(|r| *r))
@@ -61,6 +80,8 @@ impl Cluster {
             _ctrd: ctrd,
             api,
             kubelet,
+            proxy,
+            recreated_file,
             _manager: manager,
             agent,
         }
@@ -806,7 +827,89 @@ macro_rules! in_both_modes {
     };
 }
 
+/// kubelet, through crr-proxy, learns why the app restarted; containerd's
+/// own answer is untouched, and the record outlives the proxy.
+async fn the_pod_says_why_its_container_restarted(mode: Mode) {
+    let cluster = Cluster::new(mode).await;
+    cluster.kubelet.run_pod(app_and_sidecar("why")).await;
+    cluster.create("crr-why", "why", &["app"], Value::Null, json!({}));
+    let done = cluster.completed("crr-why", Duration::from_secs(30)).await;
+    let message = format!("recreated by ContainerRecreateRequest {NAMESPACE}/crr-why");
+    let pod = wait_for(Duration::from_secs(5), || {
+        Some(cluster.pod("why")).filter(|pod| {
+            container_status(pod, "app")["lastState"]["terminated"]["reason"]
+                == "ContainerRecreateRequest"
+        })
+    })
+    .await
+    .unwrap_or_else(|| {
+        panic!(
+            "lastState: {}",
+            container_status(&cluster.pod("why"), "app")
+        )
+    });
+    let app = container_status(&pod, "app");
+    assert_eq!(app["lastState"]["terminated"]["message"], message);
+    assert!(container_status(&pod, "sidecar")["lastState"].is_null());
+
+    let old = done["spec"]["containers"][0]["statusContext"]["containerID"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("containerd://")
+        .to_owned();
+    let new = app["containerID"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("containerd://")
+        .to_owned();
+    let status = |client: crr_proxy::cri::RuntimeClient, id: String| async move {
+        let mut client = client;
+        client
+            .container_status(ContainerStatusRequest {
+                container_id: id,
+                verbose: false,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status
+            .unwrap()
+    };
+    let direct = || support::client(&cluster._ctrd.endpoint());
+    // containerd still says what it saw: a clean exit on SIGTERM.
+    let runtime = status(direct(), old.clone()).await;
+    assert_eq!(
+        (runtime.reason.as_str(), runtime.message.as_str()),
+        ("Completed", "")
+    );
+    let mut proxied = status(cluster.proxy.client(), old.clone()).await;
+    assert_eq!(proxied.reason, "ContainerRecreateRequest");
+    assert_eq!(proxied.message, message);
+    proxied.reason = runtime.reason.clone();
+    proxied.message = runtime.message.clone();
+    assert_eq!(proxied, runtime, "only reason and message differ");
+    assert_eq!(
+        status(cluster.proxy.client(), new.clone()).await,
+        status(direct(), new).await
+    );
+
+    // A new crr-proxy reads the record back; without the record, no rewrite.
+    let reopened = Arc::new(Recreated::open(&cluster.recreated_file).unwrap());
+    let routes = Routes {
+        runtime: cluster._ctrd.endpoint(),
+        image: None,
+    };
+    let restarted = ProxyUnderTest::serve(Proxy::new(routes.clone()).with_reasons(reopened));
+    assert_eq!(
+        status(restarted.client(), old.clone()).await.message,
+        message
+    );
+    let plain = ProxyUnderTest::serve(Proxy::new(routes));
+    assert_eq!(status(plain.client(), old).await.reason, "Completed");
+}
+
 in_both_modes!(
+    the_pod_says_why_its_container_restarted,
     an_api_server_outage_only_delays_crrs,
     e2e_1a_simple_container_with_min_started_seconds_and_ttl,
     e2e_1b_two_containers_without_strategy,

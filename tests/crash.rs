@@ -40,6 +40,10 @@ fn crr_proxy(mode: &str, listen: &Path, ctrd: &Containerd, kubeconfig: &Path) ->
         .args(["--runtime-endpoint", &ctrd.endpoint().to_string()])
         .args(["--agent", mode, "--node-name", NODE])
         .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
+        .args([
+            "--state-dir",
+            kubeconfig.with_file_name("state").to_str().unwrap(),
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

@@ -262,3 +262,61 @@ async fn runtime_down_is_unavailable_at_once_and_service_resumes() {
     assert_eq!(recorded.data, upstream::fixed_body());
     assert_eq!(upstream.seen().len(), 1);
 }
+
+/// The statuses of a container crr-proxy stopped for a CRR carry the CRR as
+/// reason and message; every other byte, fields unknown to crr-proxy's proto
+/// included, is the runtime's. Messages split across DATA frames anywhere.
+#[tokio::test]
+async fn recreated_containers_get_the_crr_reason_and_nothing_else_changes() {
+    use crr_proxy::proxy::{Proxy, Routes};
+    use crr_proxy::reason::Recreated;
+    let upstream = FakeUpstream::start();
+    let recreated = std::sync::Arc::new(Recreated::in_memory());
+    recreated
+        .record(upstream::STOPPED_ID, "shop/restart-app")
+        .unwrap();
+    let routes = Routes {
+        runtime: upstream.endpoint(),
+        image: None,
+    };
+    let proxy = ProxyUnderTest::serve(Proxy::new(routes).with_reasons(recreated));
+    let edited = upstream::stopped_status(
+        upstream::STOPPED_ID,
+        Some((
+            "ContainerRecreateRequest",
+            "recreated by ContainerRecreateRequest shop/restart-app",
+        )),
+    );
+
+    let direct = call(&upstream.socket, upstream::SANDBOX_STATUS, vec![]).await;
+    let proxied = call(&proxy.socket, upstream::SANDBOX_STATUS, vec![]).await;
+    let original = upstream::stopped_status(upstream::STOPPED_ID, None);
+    assert_eq!(
+        direct.data,
+        raw::grpc_frame(&upstream::sandbox_status(&original))
+    );
+    assert_eq!(
+        proxied.data,
+        raw::grpc_frame(&upstream::sandbox_status(&edited))
+    );
+    assert_eq!(
+        (proxied.headers, proxied.trailers),
+        (direct.headers, direct.trailers)
+    );
+
+    let direct = call(&upstream.socket, upstream::CONTAINER_EVENTS, vec![]).await;
+    let proxied = call(&proxy.socket, upstream::CONTAINER_EVENTS, vec![]).await;
+    let expect = |stopped: &[u8]| -> Vec<u8> {
+        (0..upstream::EVENTS)
+            .flat_map(|i| raw::grpc_frame(&upstream::container_event(i, stopped)))
+            .collect()
+    };
+    assert_eq!(direct.data, expect(&original));
+    assert_eq!(proxied.data, expect(&edited));
+    assert_eq!(proxied.trailers, direct.trailers);
+
+    // Other methods pass untouched, even with a record.
+    let direct = call(&upstream.socket, upstream::FIXED, vec![]).await;
+    let proxied = call(&proxy.socket, upstream::FIXED, vec![]).await;
+    assert_eq!(proxied, direct);
+}

@@ -13,6 +13,7 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 
 use super::Endpoint;
 use crate::metrics::Metrics;
+use crate::reason::{Editor, Recreated};
 
 /// The runtime's response body, frame by frame, or nothing (for answers the
 /// proxy makes itself).
@@ -24,6 +25,10 @@ use crate::metrics::Metrics;
 pub struct ProxyBody {
     inner: Option<(Incoming, Endpoint)>,
     call: Option<Call>,
+    /// Rewrites the reason of containers stopped for a CRR (see `reason`).
+    editor: Option<(Editor, Arc<Recreated>)>,
+    /// A frame held back while the editor's leftover bytes go first.
+    held: Option<Frame<Bytes>>,
 }
 
 /// One call being counted: finished by its gRPC status, or as CANCELLED if
@@ -74,8 +79,14 @@ impl ProxyBody {
     pub(super) fn upstream(body: Incoming, endpoint: Endpoint) -> Self {
         Self {
             inner: Some((body, endpoint)),
-            call: None,
+            ..Self::default()
         }
+    }
+
+    /// Edits the statuses in the messages of this response.
+    pub(super) fn edited(mut self, editor: Editor, recreated: Arc<Recreated>) -> Self {
+        self.editor = Some((editor, recreated));
+        self
     }
 
     /// Counts the call when its status goes by.
@@ -99,19 +110,54 @@ impl Body for ProxyBody {
     type Error = Infallible;
 
     fn poll_frame(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         const UNKNOWN: u32 = 2;
-        let Some((body, endpoint)) = self.inner.as_mut() else {
-            return Poll::Ready(None);
+        let this = self.get_mut();
+        let polled = match this.held.take() {
+            Some(frame) => Poll::Ready(Some(Ok(frame))),
+            None => {
+                let Some((body, _)) = this.inner.as_mut() else {
+                    return Poll::Ready(None);
+                };
+                let polled = Pin::new(body).poll_frame(cx);
+                match (&mut this.editor, polled) {
+                    (Some((editor, recreated)), Poll::Ready(Some(Ok(frame)))) => {
+                        match frame.into_data() {
+                            Ok(data) => match editor.push(data, recreated.as_ref()) {
+                                Some(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
+                                None => {
+                                    // Half a message: ask for the rest at once.
+                                    cx.waker().wake_by_ref();
+                                    return Poll::Pending;
+                                }
+                            },
+                            // Trailers: whatever the editor still holds goes first.
+                            Err(frame) => match editor.finish() {
+                                Some(rest) => {
+                                    this.held = Some(frame);
+                                    return Poll::Ready(Some(Ok(Frame::data(rest))));
+                                }
+                                None => Poll::Ready(Some(Ok(frame))),
+                            },
+                        }
+                    }
+                    (Some((editor, _)), Poll::Ready(None)) => match editor.finish() {
+                        Some(rest) => return Poll::Ready(Some(Ok(Frame::data(rest)))),
+                        None => Poll::Ready(None),
+                    },
+                    (_, polled) => polled,
+                }
+            }
         };
-        let polled = Pin::new(body).poll_frame(cx);
         let (frame, code) = match polled {
             Poll::Pending => return Poll::Pending,
             Poll::Ready(Some(Err(error))) => {
-                let answer = Self::unavailable(endpoint, &error);
-                self.inner = None;
+                let Some((_, endpoint)) = this.inner.take() else {
+                    return Poll::Ready(None);
+                };
+                let answer = Self::unavailable(&endpoint, &error);
                 // Reuse tonic's encoding of grpc-status / grpc-message.
                 let mut trailers = answer.into_parts().0.headers;
                 trailers.remove(http::header::CONTENT_TYPE);
@@ -127,20 +173,24 @@ impl Body for ProxyBody {
             // The end without trailers is not a complete gRPC answer.
             Poll::Ready(None) => (None, Some(UNKNOWN)),
         };
-        if let (Some(code), Some(call)) = (code, self.call.as_mut()) {
+        if let (Some(code), Some(call)) = (code, this.call.as_mut()) {
             call.finish(code);
         }
         Poll::Ready(frame.map(Ok))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner
-            .as_ref()
-            .is_none_or(|(body, _)| body.is_end_stream())
+        self.held.is_none()
+            && self
+                .inner
+                .as_ref()
+                .is_none_or(|(body, _)| body.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.inner {
+            // Edited messages change length.
+            Some(_) if self.editor.is_some() => SizeHint::default(),
             Some((body, _)) => body.size_hint(),
             None => SizeHint::with_exact(0),
         }

@@ -29,12 +29,16 @@ pub struct ProxyUnderTest {
 
 impl ProxyUnderTest {
     pub fn start(routes: Routes) -> Self {
+        Self::serve(Proxy::new(routes))
+    }
+
+    /// Serves a proxy built by the test.
+    pub fn serve(proxy: Proxy) -> Self {
         let socket = temp_socket("proxy");
         let (listener, file) = Listener::bind(&socket)
             .expect("bind proxy socket")
             .into_parts();
         let (stop, stopped) = oneshot::channel::<()>();
-        let proxy = Proxy::new(routes);
         let metrics = proxy.metrics();
         let task = tokio::spawn(async move {
             let _file = file;

@@ -94,6 +94,8 @@ struct ContainerRun {
     started_at: String,
     ready_at: tokio::time::Instant,
     last_terminated: Option<Value>,
+    /// The instance before this one, while the runtime still has it.
+    previous_id: Option<String>,
 }
 
 struct PodRun {
@@ -284,6 +286,7 @@ async fn start(
         started_at: rfc3339(status.started_at),
         ready_at: tokio::time::Instant::now() + spec.post_start,
         last_terminated: None,
+        previous_id: None,
     })
 }
 
@@ -291,6 +294,19 @@ async fn start(
 async fn restart_exited(cri: &RuntimeClient, pod: &mut PodRun) {
     for i in 0..pod.containers.len() {
         let mut client = cri.clone();
+        // Every sync reads the dead instance again, as kubelet's
+        // GetPodStatus does: lastState is what the runtime says now.
+        if let Some(previous) = pod.containers[i].previous_id.clone() {
+            let status = client
+                .container_status(crr_proxy::cri::v1::ContainerStatusRequest {
+                    container_id: previous,
+                    verbose: false,
+                })
+                .await;
+            if let Some(status) = status.ok().and_then(|s| s.into_inner().status) {
+                pod.containers[i].last_terminated = Some(terminated(&status));
+            }
+        }
         let current = &pod.containers[i];
         let Ok(status) = client
             .container_status(crr_proxy::cri::v1::ContainerStatusRequest {
@@ -307,22 +323,31 @@ async fn restart_exited(cri: &RuntimeClient, pod: &mut PodRun) {
         if status.state() != ContainerState::ContainerExited {
             continue;
         }
-        let terminated = json!({
-            "exitCode": status.exit_code,
-            "reason": status.reason,
-            "startedAt": rfc3339(status.started_at),
-            "finishedAt": rfc3339(status.finished_at),
-            "containerID": format!("containerd://{}", status.id),
-        });
         let spec = current.spec.clone();
         let attempt = current.attempt + 1;
         // A failed restart (the runtime going away at teardown) is retried
         // on the next pass, as kubelet's sync loop does.
         if let Ok(mut next) = start(cri, pod, &spec, attempt).await {
-            next.last_terminated = Some(terminated);
+            next.last_terminated = Some(terminated(&status));
+            next.previous_id = Some(status.id.clone());
             pod.containers[i] = next;
         }
     }
+}
+
+/// `lastState.terminated` from the runtime's status of a dead instance.
+fn terminated(status: &crr_proxy::cri::v1::ContainerStatus) -> Value {
+    let mut terminated = json!({
+        "exitCode": status.exit_code,
+        "reason": status.reason,
+        "startedAt": rfc3339(status.started_at),
+        "finishedAt": rfc3339(status.finished_at),
+        "containerID": format!("containerd://{}", status.id),
+    });
+    if !status.message.is_empty() {
+        terminated["message"] = json!(status.message);
+    }
+    terminated
 }
 
 /// Writes the Pod's status as kubelet's status manager would.

@@ -32,6 +32,89 @@ pub const STREAM: &str = "/test.Stream/Ticks";
 pub const TICKS: usize = 4;
 pub const TICK_GAP: Duration = Duration::from_millis(200);
 
+/// PodSandboxStatus: [`sandbox_status`] with [`stopped_status`] among the
+/// containers, in two DATA frames split mid-message.
+pub const SANDBOX_STATUS: &str = "/runtime.v1.RuntimeService/PodSandboxStatus";
+/// GetContainerEvents: [`EVENTS`] events with [`stopped_status`], split
+/// across DATA frames at odd places, then trailers.
+pub const CONTAINER_EVENTS: &str = "/runtime.v1.RuntimeService/GetContainerEvents";
+pub const EVENTS: usize = 3;
+/// The container the tests' record says crr-proxy stopped.
+pub const STOPPED_ID: &str = "stopped-id";
+
+/// Fields no CRI version defines: 99 (varint), 100 (bytes), 101 (fixed32).
+const UNKNOWN_FIELDS: &[u8] = &[
+    0x98, 0x06, 0x2a, 0xa2, 0x06, 0x03, b'x', b'y', b'z', 0xad, 0x06, 1, 2, 3, 4,
+];
+
+fn put_len(out: &mut Vec<u8>, tag: u8, bytes: &[u8]) {
+    out.push(tag);
+    let mut len = bytes.len();
+    while len >= 0x80 {
+        out.push((len as u8) | 0x80);
+        len >>= 7;
+    }
+    out.push(len as u8);
+    out.extend_from_slice(bytes);
+}
+
+/// An exited container's status as the runtime sends it (`Error`, no
+/// message, then fields our proto does not know); with `edited`, as
+/// crr-proxy should pass it on: that reason in place, the message after.
+pub fn stopped_status(id: &str, edited: Option<(&str, &str)>) -> Vec<u8> {
+    use crr_proxy::cri::v1::{ContainerMetadata, ContainerState, ContainerStatus, ImageSpec};
+    use prost::Message;
+    let mut bytes = ContainerStatus {
+        id: id.into(),
+        metadata: Some(ContainerMetadata {
+            name: "app".into(),
+            attempt: 0,
+        }),
+        state: ContainerState::ContainerExited as i32,
+        created_at: 1_700_000_000_000_000_000,
+        finished_at: 1_700_000_001_000_000_000,
+        exit_code: 143,
+        image: Some(ImageSpec {
+            image: "busybox".into(),
+            ..Default::default()
+        }),
+        image_ref: "sha256:0123".into(),
+        reason: edited.map_or("Error", |(reason, _)| reason).into(),
+        log_path: "app/0.log".into(),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    bytes.extend_from_slice(UNKNOWN_FIELDS);
+    if let Some((_, message)) = edited {
+        put_len(&mut bytes, 0x5a, message.as_bytes());
+    }
+    bytes
+}
+
+/// A PodSandboxStatusResponse around `stopped` (and another exited
+/// container, and a top-level field no CRI version defines).
+pub fn sandbox_status(stopped: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut sandbox = b"\x0a\x02sb".to_vec();
+    sandbox.extend_from_slice(UNKNOWN_FIELDS);
+    put_len(&mut out, 0x0a, &sandbox);
+    put_len(&mut out, 0x1a, stopped);
+    put_len(&mut out, 0x1a, &stopped_status("other-id", None));
+    out.extend_from_slice(&[0x20, 0x96, 0x01, 0x80, 0x7d, 0x01]);
+    out
+}
+
+/// ContainerEventResponse `i`, with `stopped` among its statuses.
+pub fn container_event(i: usize, stopped: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    put_len(&mut out, 0x0a, format!("event-{i}").as_bytes());
+    out.extend_from_slice(&[0x10, 0x02]);
+    put_len(&mut out, 0x2a, &stopped_status("other-id", None));
+    put_len(&mut out, 0x2a, stopped);
+    out.extend_from_slice(UNKNOWN_FIELDS);
+    out
+}
+
 /// What the upstream saw of one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Seen {
@@ -171,6 +254,38 @@ async fn answer(
                 let _ = tx.send(Frame::trailers(trailers)).await;
             });
         }
+        SANDBOX_STATUS => {
+            let body = grpc_frame(&sandbox_status(&stopped_status(STOPPED_ID, None)));
+            let (first, second) = body.split_at(body.len() / 2);
+            let _ = tx.send(Frame::data(Bytes::copy_from_slice(first))).await;
+            let _ = tx.send(Frame::data(Bytes::copy_from_slice(second))).await;
+            let _ = tx.send(Frame::trailers(ok_trailers())).await;
+        }
+        CONTAINER_EVENTS => {
+            tokio::spawn(async move {
+                let mut stream = Vec::new();
+                for i in 0..EVENTS {
+                    stream.extend(grpc_frame(&container_event(
+                        i,
+                        &stopped_status(STOPPED_ID, None),
+                    )));
+                }
+                // 3 bytes, then 7, then the rest of a message and a half, ...
+                for piece in stream
+                    .chunks(stream.len() / 5)
+                    .flat_map(|c| {
+                        let (a, b) = c.split_at(c.len().min(3));
+                        [a.to_vec(), b.to_vec()]
+                    })
+                    .filter(|piece| !piece.is_empty())
+                {
+                    if tx.send(Frame::data(Bytes::from(piece))).await.is_err() {
+                        return;
+                    }
+                }
+                let _ = tx.send(Frame::trailers(ok_trailers())).await;
+            });
+        }
         STREAM => {
             tokio::spawn(async move {
                 for i in 0..TICKS {
@@ -205,6 +320,12 @@ async fn answer(
         .body(Reply::from(rx))
         .unwrap_or_default();
     Ok(response)
+}
+
+fn ok_trailers() -> HeaderMap {
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", HeaderValue::from_static("0"));
+    trailers
 }
 
 /// A response body fed frame by frame from a channel.
