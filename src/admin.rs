@@ -1,6 +1,8 @@
 //! The local HTTP endpoint (`--metrics-addr`): `/metrics` in Prometheus
-//! text format, and `/healthz` and `/readyz`, which answer 200 once the
-//! agent's CRR watch has synced (at once when no agent runs), 503 before.
+//! text format, `/healthz` (the process serves: it answers from the
+//! proxy's own runtime, so a wedged proxy fails it) and `/readyz` (the
+//! runtime socket accepts connections, and the agent's CRR watches have
+//! synced when an agent runs).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -11,11 +13,12 @@ use http::{Response, StatusCode};
 use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixStream};
 use tokio::sync::watch;
 use tracing::{debug, info};
 
 use crate::metrics::Metrics;
+use crate::proxy::Endpoint;
 
 #[derive(Debug, thiserror::Error)]
 #[error("bind {addr}: {source}")]
@@ -25,11 +28,13 @@ pub struct AdminError {
     source: std::io::Error,
 }
 
-/// Binds `addr` and serves the probes in the background.
+/// Binds `addr` and serves the probes in the background. `runtime` is the
+/// endpoint whose reachability /readyz reports.
 pub async fn serve(
     addr: SocketAddr,
     ready: watch::Receiver<bool>,
     metrics: Arc<Metrics>,
+    runtime: Endpoint,
 ) -> Result<(), AdminError> {
     let listener = TcpListener::bind(addr)
         .await
@@ -39,14 +44,28 @@ pub async fn serve(
         while let Ok((stream, _)) = listener.accept().await {
             let ready = ready.clone();
             let metrics = Arc::clone(&metrics);
+            let runtime = runtime.clone();
             tokio::spawn(async move {
                 let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
                     let synced = *ready.borrow();
-                    let response = match req.uri().path() {
-                        "/metrics" => text(StatusCode::OK, metrics.render()),
-                        path => answer(path, synced),
-                    };
-                    async move { Ok::<_, Infallible>(response) }
+                    let metrics = Arc::clone(&metrics);
+                    let runtime = runtime.clone();
+                    async move {
+                        let response = match req.uri().path() {
+                            "/metrics" => text(StatusCode::OK, metrics.render()),
+                            "/readyz" => {
+                                let reachable = UnixStream::connect(runtime.path())
+                                    .await
+                                    .map(drop)
+                                    .map_err(|e| {
+                                        format!("runtime endpoint {runtime} is unreachable: {e}")
+                                    });
+                                readiness(reachable, synced)
+                            }
+                            path => answer(path),
+                        };
+                        Ok::<_, Infallible>(response)
+                    }
                 });
                 if let Err(error) = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), service)
@@ -60,16 +79,28 @@ pub async fn serve(
     Ok(())
 }
 
-fn answer(path: &str, synced: bool) -> Response<Full<Bytes>> {
-    let (status, body) = match path {
-        "/healthz" | "/readyz" if synced => (StatusCode::OK, "ok\n"),
-        "/healthz" | "/readyz" => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the CRR watch has not synced yet\n",
-        ),
-        _ => (StatusCode::NOT_FOUND, "not found\n"),
-    };
-    text(status, body.to_owned())
+fn answer(path: &str) -> Response<Full<Bytes>> {
+    match path {
+        "/healthz" => text(StatusCode::OK, "ok\n".into()),
+        _ => text(StatusCode::NOT_FOUND, "not found\n".into()),
+    }
+}
+
+/// 200 when the runtime is reachable and the CRR watches have synced; 503
+/// with every reason why not.
+fn readiness(reachable: Result<(), String>, synced: bool) -> Response<Full<Bytes>> {
+    let mut problems = Vec::new();
+    if let Err(problem) = reachable {
+        problems.push(problem);
+    }
+    if !synced {
+        problems.push("the CRR watch has not synced yet".to_owned());
+    }
+    if problems.is_empty() {
+        text(StatusCode::OK, "ok\n".into())
+    } else {
+        text(StatusCode::SERVICE_UNAVAILABLE, problems.join("\n") + "\n")
+    }
 }
 
 fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
@@ -87,17 +118,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn probes_follow_the_sync_state() {
-        assert_eq!(
-            answer("/healthz", false).status(),
-            StatusCode::SERVICE_UNAVAILABLE
-        );
-        assert_eq!(
-            answer("/readyz", false).status(),
-            StatusCode::SERVICE_UNAVAILABLE
-        );
-        assert_eq!(answer("/healthz", true).status(), StatusCode::OK);
-        assert_eq!(answer("/readyz", true).status(), StatusCode::OK);
-        assert_eq!(answer("/other", true).status(), StatusCode::NOT_FOUND);
+    fn healthz_answers_while_readyz_follows_the_runtime_and_the_watch() {
+        assert_eq!(answer("/healthz").status(), StatusCode::OK);
+        assert_eq!(answer("/other").status(), StatusCode::NOT_FOUND);
+        assert_eq!(readiness(Ok(()), true).status(), StatusCode::OK);
+        for (reachable, synced) in [(Ok(()), false), (Err("down".to_owned()), true)] {
+            assert_eq!(
+                readiness(reachable, synced).status(),
+                StatusCode::SERVICE_UNAVAILABLE
+            );
+        }
     }
 }

@@ -38,6 +38,7 @@ use crate::crr::{
     SyncContainerStatus, annotations, labels,
 };
 use crate::kill::{self, HookResult, KillRequest, Killer};
+use crate::metrics::{CrrOutcome, Metrics};
 use crate::proxy::Endpoint;
 use crate::reason::Recreated;
 use queue::{Next, Queue};
@@ -75,6 +76,7 @@ pub struct AgentConfig {
     pub mode: Mode,
     /// Where the containers stopped for CRRs are recorded (`reason`).
     pub recreated: Arc<Recreated>,
+    pub metrics: Arc<Metrics>,
 }
 
 /// Who else handles CRRs.
@@ -107,6 +109,9 @@ struct Agent {
     /// Standalone mode's extra watches.
     standalone: Option<standalone::Parts>,
     recreated: Arc<Recreated>,
+    metrics: Arc<Metrics>,
+    /// When the agent first saw each CRR (by uid), for seen-to-stopped.
+    first_seen: Mutex<HashMap<String, Instant>>,
 }
 
 /// The Kubernetes client configuration: `--kubeconfig`, else `$KUBECONFIG`
@@ -135,6 +140,7 @@ pub async fn spawn(
     runtime: &Endpoint,
     synced: watch::Sender<bool>,
     recreated: Arc<Recreated>,
+    metrics: Arc<Metrics>,
 ) -> Result<(), AgentError> {
     let config = kube_config(settings).await?;
     let node_name = settings.node_name.clone();
@@ -172,6 +178,7 @@ pub async fn spawn(
                     node_name,
                     mode,
                     recreated,
+                    metrics,
                 };
                 run(config, synced, std::future::pending()).await;
             });
@@ -194,6 +201,7 @@ pub async fn run(
         node_name,
         mode,
         recreated,
+        metrics,
     } = config;
     let selector = format!("{}={node_name},{}=true", labels::NODE_NAME, labels::ACTIVE);
     let (store, writer) = reflector::store();
@@ -225,6 +233,8 @@ pub async fn run(
         runtime_name: tokio::sync::OnceCell::new(),
         standalone,
         recreated,
+        metrics,
+        first_seen: Mutex::new(HashMap::new()),
     });
     info!(node = %node_name, %selector, ?mode, "watching ContainerRecreateRequests");
     let gate = Arc::new(SyncGate::new(if streams.is_some() { 4 } else { 1 }, synced));
@@ -273,6 +283,8 @@ impl SyncGate {
 /// Something the agent watches: which Pod an object's change concerns.
 trait Watched {
     fn pod_key(&self) -> Option<PodKey>;
+    /// Note the object's arrival.
+    fn seen(&self, _agent: &Agent) {}
     /// Drop what the agent remembers of a deleted object.
     fn forget(&self, _agent: &Agent) {}
 }
@@ -280,6 +292,14 @@ trait Watched {
 impl Watched for ContainerRecreateRequest {
     fn pod_key(&self) -> Option<PodKey> {
         Some(pod_key(self))
+    }
+
+    fn seen(&self, agent: &Agent) {
+        if let (Some(uid), Ok(mut seen)) = (self.uid(), agent.first_seen.lock()) {
+            if !is_finished(self) {
+                seen.entry(uid).or_insert_with(Instant::now);
+            }
+        }
     }
 
     fn forget(&self, agent: &Agent) {
@@ -300,6 +320,7 @@ where
     while let Some(event) = events.next().await {
         match event {
             Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) => {
+                obj.seen(&agent);
                 if let Some(key) = obj.pod_key() {
                     agent.queue.add(key);
                 }
@@ -329,6 +350,24 @@ fn pod_key(crr: &ContainerRecreateRequest) -> PodKey {
     PodKey {
         namespace: crr.namespace().unwrap_or_default(),
         pod: crr.spec.pod_name.clone(),
+    }
+}
+
+/// How a completion counts in `crr_proxy_crr_recreations_total`.
+fn outcome(crr: &ContainerRecreateRequest, message: &str) -> CrrOutcome {
+    match message {
+        "" if crr.status.as_ref().is_some_and(|s| {
+            s.container_recreate_states
+                .iter()
+                .any(|c| c.phase == Phase::Failed)
+        }) =>
+        {
+            CrrOutcome::Failed
+        }
+        "" => CrrOutcome::Succeeded,
+        "pod has gone" => CrrOutcome::PodGone,
+        standalone::DEADLINE_EXCEEDED => CrrOutcome::DeadlineExceeded,
+        _ => CrrOutcome::Refused,
     }
 }
 
@@ -389,6 +428,14 @@ impl Agent {
     /// One pass over the CRRs of one Pod: in standalone mode the manager's
     /// part first, then the daemon's.
     async fn sync(&self, key: &PodKey) -> Result<Next, AgentError> {
+        self.metrics.crr_reconciled();
+        self.metrics.set_active_crrs(
+            self.store
+                .state()
+                .iter()
+                .filter(|c| !is_finished(c))
+                .count(),
+        );
         let mut hint = Next::Done;
         if let Some(parts) = &self.standalone {
             match standalone::manage_pod(self, parts, key).await? {
@@ -443,7 +490,12 @@ impl Agent {
             // if it never comes, the expectation lapses.
             return Ok(Next::After(EXPECTATION_WAIT));
         };
-        let span = info_span!("crr", name = %crr.name_any());
+        let span = info_span!(
+            "crr",
+            namespace = %crr.namespace().unwrap_or_default(),
+            crr = %crr.name_any(),
+            pod = %crr.spec.pod_name,
+        );
         async {
             if phase(crr) != Phase::Recreating {
                 self.set_phase(crr, Phase::Recreating).await?;
@@ -551,6 +603,7 @@ impl Agent {
         name: String,
     ) -> impl Future<Output = Result<(), String>> + use<'_> {
         let (crr_namespace, crr_name) = (crr.namespace().unwrap_or_default(), crr.name_any());
+        let crr_uid = crr.uid();
         let message = format!("Stopping container {name} by ContainerRecreateRequest {crr_name}");
         let spec = crr.spec.containers.iter().find(|c| c.name == name).cloned();
         let grace_period = crr
@@ -618,7 +671,17 @@ impl Agent {
                     .await;
                 }
             }
+            if let Some(hook) = &outcome.hook {
+                let failed = !matches!(hook.result, HookResult::Succeeded);
+                self.metrics.pre_stop_finished(hook.took, failed);
+            }
             if outcome.stop_timeout.is_some() {
+                let seen = crr_uid
+                    .as_ref()
+                    .and_then(|uid| self.first_seen.lock().ok()?.get(uid).copied());
+                if let Some(seen) = seen {
+                    self.metrics.container_stopped(seen.elapsed());
+                }
                 // StopContainer went out: from now on kubelet is told why.
                 let crr_key = format!("{}/{}", crr_namespace, crr_name);
                 if let Err(error) = self.recreated.record(&id, &crr_key) {
@@ -760,6 +823,8 @@ impl Agent {
     ) -> Result<(), AgentError> {
         let written = complete(&self.api(crr), crr, message).await?;
         self.expect(&written);
+        self.metrics.crr_completed(outcome(crr, message));
+        self.forget(crr);
         Ok(())
     }
 
@@ -799,6 +864,9 @@ impl Agent {
     fn forget(&self, crr: &ContainerRecreateRequest) {
         if let (Some(uid), Ok(mut expectations)) = (crr.uid(), self.expectations.lock()) {
             expectations.remove(&uid);
+        }
+        if let (Some(uid), Ok(mut seen)) = (crr.uid(), self.first_seen.lock()) {
+            seen.remove(&uid);
         }
     }
 

@@ -87,10 +87,14 @@ pub struct RunArgs {
     #[arg(long, env = "CRR_PROXY_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
 
-    /// Address for /healthz and /readyz (200 once the CRR watch has synced),
-    /// e.g. 127.0.0.1:10221. Unset: not served.
-    #[arg(long, env = "CRR_PROXY_METRICS_ADDR")]
-    pub metrics_addr: Option<SocketAddr>,
+    /// Address for /metrics, /healthz and /readyz; `off` serves none. Keep
+    /// it on loopback: nothing there is meant for other hosts.
+    #[arg(
+        long,
+        env = "CRR_PROXY_METRICS_ADDR",
+        default_value = "127.0.0.1:10221"
+    )]
+    pub metrics_addr: MetricsAddr,
 
     /// Tell kubelet why a container restarted: for containers stopped for a
     /// CRR, status answers carry reason `ContainerRecreateRequest` instead
@@ -111,6 +115,21 @@ pub struct RunArgs {
     /// e.g. `info` or `crr_proxy=debug`.
     #[arg(long, env = "CRR_PROXY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+}
+
+/// `--metrics-addr`: an address, or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetricsAddr(pub Option<SocketAddr>);
+
+impl std::str::FromStr for MetricsAddr {
+    type Err = std::net::AddrParseError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "off" | "" => Ok(Self(None)),
+            addr => addr.parse().map(|a| Self(Some(a))),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -192,7 +211,7 @@ impl RunArgs {
                 image,
             },
             agent,
-            metrics_addr: self.metrics_addr,
+            metrics_addr: self.metrics_addr.0,
             recreated_file: self
                 .reason_rewrite
                 .then(|| self.state_dir.join("recreated")),
@@ -309,6 +328,26 @@ mod tests {
         assert_eq!(run.log_format, LogFormat::Text);
         let config = run.validate().unwrap();
         assert!(config.routes.image.is_none());
+    }
+
+    #[test]
+    fn metrics_are_on_loopback_unless_moved_or_off() {
+        let config = parse(&[]).unwrap().validate().unwrap();
+        assert_eq!(
+            config.metrics_addr,
+            Some("127.0.0.1:10221".parse().unwrap())
+        );
+        let config = parse(&["--metrics-addr", "off"])
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert_eq!(config.metrics_addr, None);
+        let config = parse(&["--metrics-addr", "[::1]:9"])
+            .unwrap()
+            .validate()
+            .unwrap();
+        assert_eq!(config.metrics_addr, Some("[::1]:9".parse().unwrap()));
+        assert!(parse(&["--metrics-addr", "nowhere"]).is_err());
     }
 
     #[test]

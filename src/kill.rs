@@ -290,7 +290,8 @@ impl Killer {
                 Ok((Some(message), fell_back)) => (HookResult::Failed(message), fell_back),
                 Err(_) => (HookResult::TimedOut, false),
             };
-        let seconds = started.elapsed().as_secs();
+        let took = started.elapsed();
+        let seconds = took.as_secs();
         match &result {
             HookResult::Failed(message) => {
                 warn!(container = %target.id, %message, "preStop hook failed")
@@ -304,6 +305,7 @@ impl Killer {
             kind,
             result,
             seconds,
+            took,
             http_fallback,
         }
     }

@@ -19,6 +19,8 @@ pub mod check;
 pub mod config;
 pub mod cri;
 pub mod crr;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod kill;
 pub mod metrics;
 pub mod notify;
@@ -27,6 +29,7 @@ pub mod reason;
 pub mod telemetry;
 
 use std::future::Future;
+use std::sync::Arc;
 
 use proxy::{ListenError, Listener, Proxy};
 
@@ -34,8 +37,6 @@ use proxy::{ListenError, Listener, Proxy};
 pub enum RunError {
     #[error(transparent)]
     Listen(#[from] ListenError),
-    #[error(transparent)]
-    Admin(#[from] admin::AdminError),
     #[error(transparent)]
     Agent(#[from] agent::AgentError),
 }
@@ -59,14 +60,19 @@ pub async fn run(
         }),
         None => reason::Recreated::in_memory(),
     };
-    let recreated = std::sync::Arc::new(recreated);
+    let recreated = Arc::new(recreated);
+    let metrics = Arc::new(metrics::Metrics::default());
     if let Some(settings) = &config.agent {
-        let recorded = std::sync::Arc::clone(&recreated);
-        agent::spawn(settings, &config.routes.runtime, synced, recorded).await?;
+        let (recorded, counted) = (Arc::clone(&recreated), Arc::clone(&metrics));
+        agent::spawn(settings, &config.routes.runtime, synced, recorded, counted).await?;
     }
-    let metrics = std::sync::Arc::new(metrics::Metrics::default());
     if let Some(addr) = config.metrics_addr {
-        admin::serve(addr, ready, std::sync::Arc::clone(&metrics)).await?;
+        let runtime = config.routes.runtime.clone();
+        if let Err(error) = admin::serve(addr, ready, Arc::clone(&metrics), runtime).await {
+            // Probes and metrics are for the operator; kubelet's path must
+            // not wait on a busy port.
+            tracing::error!(%error, "serving without /metrics, /healthz and /readyz");
+        }
     }
     tracing::info!(
         runtime = %config.routes.runtime,

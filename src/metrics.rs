@@ -1,5 +1,5 @@
-//! Prometheus metrics of the CRI data path, kept in atomics so that counting
-//! a call costs a few nanoseconds and no lock.
+//! Prometheus metrics of the CRI data path and of the CRR agent, kept in
+//! atomics so that counting a call costs a few nanoseconds and no lock.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -72,22 +72,110 @@ const CODES: &[&str] = &[
     "UNAUTHENTICATED",
 ];
 
-struct Method {
-    codes: [AtomicU64; 17],
+/// A Prometheus histogram over `BUCKETS`.
+struct Histogram {
     buckets: [AtomicU64; 16],
     sum_micros: AtomicU64,
     count: AtomicU64,
 }
 
-impl Default for Method {
+impl Default for Histogram {
     fn default() -> Self {
         Self {
-            codes: std::array::from_fn(|_| AtomicU64::new(0)),
             buckets: std::array::from_fn(|_| AtomicU64::new(0)),
             sum_micros: AtomicU64::new(0),
             count: AtomicU64::new(0),
         }
     }
+}
+
+impl Histogram {
+    fn observe(&self, took: Duration) {
+        let seconds = took.as_secs_f64();
+        for (bucket, bound) in self.buckets.iter().zip(BUCKETS) {
+            if seconds <= *bound {
+                bucket.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.sum_micros.fetch_add(
+            u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The series of one label set (`labels` without braces, may be empty).
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let sep = if labels.is_empty() { "" } else { "," };
+        for (bucket, bound) in self.buckets.iter().zip(BUCKETS) {
+            let n = bucket.load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {n}");
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let braces = |s: &str| {
+            if s.is_empty() {
+                String::new()
+            } else {
+                format!("{{{s}}}")
+            }
+        };
+        let _ = writeln!(out, "{name}_sum{} {sum}", braces(labels));
+        let _ = writeln!(out, "{name}_count{} {count}", braces(labels));
+    }
+}
+
+#[derive(Default)]
+struct Method {
+    codes: [AtomicU64; 17],
+    latency: Histogram,
+}
+
+/// How a CRR ended, as `crr_proxy_crr_recreations_total{outcome}` counts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CrrOutcome {
+    /// Every container recreated.
+    Succeeded,
+    /// A container could not be recreated (failurePolicy decided the end).
+    Failed,
+    /// activeDeadlineSeconds ran out.
+    DeadlineExceeded,
+    /// The Pod was deleted first.
+    PodGone,
+    /// Refused before any kill: the webhook's checks, or no runtime.
+    Refused,
+}
+
+impl CrrOutcome {
+    const ALL: [CrrOutcome; 5] = [
+        Self::Succeeded,
+        Self::Failed,
+        Self::DeadlineExceeded,
+        Self::PodGone,
+        Self::Refused,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::DeadlineExceeded => "deadline_exceeded",
+            Self::PodGone => "pod_gone",
+            Self::Refused => "refused",
+        }
+    }
+}
+
+/// The agent's side.
+#[derive(Default)]
+struct Crr {
+    reconciles: AtomicU64,
+    outcomes: [AtomicU64; 5],
+    seen_to_stopped: Histogram,
+    pre_stop: Histogram,
+    pre_stop_failures: AtomicU64,
+    active: AtomicI64,
 }
 
 /// The proxy's metrics; share one behind an `Arc`.
@@ -96,6 +184,7 @@ pub struct Metrics {
     methods: Vec<Method>,
     in_flight: AtomicI64,
     upstream_connections: AtomicI64,
+    crr: Crr,
 }
 
 impl Default for Metrics {
@@ -104,6 +193,7 @@ impl Default for Metrics {
             methods: (0..=METHODS.len()).map(|_| Method::default()).collect(),
             in_flight: AtomicI64::new(0),
             upstream_connections: AtomicI64::new(0),
+            crr: Crr::default(),
         }
     }
 }
@@ -138,17 +228,39 @@ impl Metrics {
             return;
         };
         m.codes[code.min(16) as usize].fetch_add(1, Ordering::Relaxed);
-        let seconds = took.as_secs_f64();
-        for (bucket, bound) in m.buckets.iter().zip(BUCKETS) {
-            if seconds <= *bound {
-                bucket.fetch_add(1, Ordering::Relaxed);
-            }
+        m.latency.observe(took);
+    }
+
+    /// One run of the agent's work for one Pod's CRRs.
+    pub fn crr_reconciled(&self) {
+        self.crr.reconciles.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn crr_completed(&self, outcome: CrrOutcome) {
+        let i = CrrOutcome::ALL
+            .iter()
+            .position(|o| *o == outcome)
+            .unwrap_or(0);
+        self.crr.outcomes[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A container stopped for a CRR, `since_seen` after the agent first saw it.
+    pub fn container_stopped(&self, since_seen: Duration) {
+        self.crr.seen_to_stopped.observe(since_seen);
+    }
+
+    pub fn pre_stop_finished(&self, took: Duration, failed: bool) {
+        self.crr.pre_stop.observe(took);
+        if failed {
+            self.crr.pre_stop_failures.fetch_add(1, Ordering::Relaxed);
         }
-        m.sum_micros.fetch_add(
-            u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
-        m.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// CRRs of this node not yet finished.
+    pub fn set_active_crrs(&self, active: usize) {
+        self.crr
+            .active
+            .store(i64::try_from(active).unwrap_or(i64::MAX), Ordering::Relaxed);
     }
 
     pub fn upstream_connected(&self) {
@@ -184,31 +296,13 @@ impl Metrics {
         out.push_str("# HELP crr_proxy_cri_request_duration_seconds Time from a call's arrival to its last byte, as seen through the proxy.\n");
         out.push_str("# TYPE crr_proxy_cri_request_duration_seconds histogram\n");
         for (i, m) in self.methods.iter().enumerate() {
-            let count = m.count.load(Ordering::Relaxed);
-            if count == 0 {
-                continue;
-            }
-            let labels = label(i);
-            for (bucket, bound) in m.buckets.iter().zip(BUCKETS) {
-                let n = bucket.load(Ordering::Relaxed);
-                let _ = writeln!(
-                    out,
-                    "crr_proxy_cri_request_duration_seconds_bucket{{{labels},le=\"{bound}\"}} {n}"
+            if m.latency.count.load(Ordering::Relaxed) > 0 {
+                m.latency.render(
+                    &mut out,
+                    "crr_proxy_cri_request_duration_seconds",
+                    &label(i),
                 );
             }
-            let _ = writeln!(
-                out,
-                "crr_proxy_cri_request_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {count}"
-            );
-            let sum = m.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-            let _ = writeln!(
-                out,
-                "crr_proxy_cri_request_duration_seconds_sum{{{labels}}} {sum}"
-            );
-            let _ = writeln!(
-                out,
-                "crr_proxy_cri_request_duration_seconds_count{{{labels}}} {count}"
-            );
         }
         out.push_str("# HELP crr_proxy_cri_in_flight_requests CRI calls in progress.\n");
         out.push_str("# TYPE crr_proxy_cri_in_flight_requests gauge\n");
@@ -226,7 +320,55 @@ impl Metrics {
             "crr_proxy_upstream_connections {}",
             self.upstream_connections.load(Ordering::Relaxed)
         );
+        self.render_crr(&mut out);
         out
+    }
+
+    fn render_crr(&self, out: &mut String) {
+        let crr = &self.crr;
+        out.push_str(
+            "# HELP crr_proxy_crr_reconciles_total Runs of the agent's work for one Pod's CRRs.\n",
+        );
+        out.push_str("# TYPE crr_proxy_crr_reconciles_total counter\n");
+        let _ = writeln!(
+            out,
+            "crr_proxy_crr_reconciles_total {}",
+            crr.reconciles.load(Ordering::Relaxed)
+        );
+        out.push_str(
+            "# HELP crr_proxy_crr_recreations_total CRRs completed by this node, by outcome.\n",
+        );
+        out.push_str("# TYPE crr_proxy_crr_recreations_total counter\n");
+        for (outcome, count) in CrrOutcome::ALL.iter().zip(&crr.outcomes) {
+            let _ = writeln!(
+                out,
+                "crr_proxy_crr_recreations_total{{outcome=\"{}\"}} {}",
+                outcome.label(),
+                count.load(Ordering::Relaxed)
+            );
+        }
+        out.push_str("# HELP crr_proxy_crr_seen_to_stopped_seconds Time from the agent first seeing a CRR to StopContainer returning for one of its containers.\n");
+        out.push_str("# TYPE crr_proxy_crr_seen_to_stopped_seconds histogram\n");
+        crr.seen_to_stopped
+            .render(out, "crr_proxy_crr_seen_to_stopped_seconds", "");
+        out.push_str("# HELP crr_proxy_prestop_hook_duration_seconds preStop hooks run for CRRs, start to end.\n");
+        out.push_str("# TYPE crr_proxy_prestop_hook_duration_seconds histogram\n");
+        crr.pre_stop
+            .render(out, "crr_proxy_prestop_hook_duration_seconds", "");
+        out.push_str("# HELP crr_proxy_prestop_hook_failures_total preStop hooks that failed (the kill went on).\n");
+        out.push_str("# TYPE crr_proxy_prestop_hook_failures_total counter\n");
+        let _ = writeln!(
+            out,
+            "crr_proxy_prestop_hook_failures_total {}",
+            crr.pre_stop_failures.load(Ordering::Relaxed)
+        );
+        out.push_str("# HELP crr_proxy_crrs_active CRRs of this node not yet completed.\n");
+        out.push_str("# TYPE crr_proxy_crrs_active gauge\n");
+        let _ = writeln!(
+            out,
+            "crr_proxy_crrs_active {}",
+            crr.active.load(Ordering::Relaxed)
+        );
     }
 }
 
@@ -271,6 +413,39 @@ mod tests {
             r#"crr_proxy_cri_request_duration_seconds_count{service="RuntimeService",method="Version"} 2"#,
             "crr_proxy_cri_in_flight_requests 1",
             "crr_proxy_upstream_connections 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line}:\n{text}");
+        }
+    }
+
+    #[test]
+    fn renders_the_agents_series_from_zero() {
+        let metrics = Metrics::default();
+        let text = metrics.render();
+        for line in [
+            "crr_proxy_crr_reconciles_total 0",
+            r#"crr_proxy_crr_recreations_total{outcome="succeeded"} 0"#,
+            r#"crr_proxy_crr_recreations_total{outcome="pod_gone"} 0"#,
+            "crr_proxy_crr_seen_to_stopped_seconds_count 0",
+            "crr_proxy_crrs_active 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line}:\n{text}");
+        }
+        metrics.crr_reconciled();
+        metrics.crr_completed(CrrOutcome::DeadlineExceeded);
+        metrics.container_stopped(Duration::from_millis(12));
+        metrics.pre_stop_finished(Duration::from_secs(3), true);
+        metrics.set_active_crrs(4);
+        let text = metrics.render();
+        for line in [
+            "crr_proxy_crr_reconciles_total 1",
+            r#"crr_proxy_crr_recreations_total{outcome="deadline_exceeded"} 1"#,
+            r#"crr_proxy_crr_seen_to_stopped_seconds_bucket{le="0.01"} 0"#,
+            r#"crr_proxy_crr_seen_to_stopped_seconds_bucket{le="0.025"} 1"#,
+            "crr_proxy_crr_seen_to_stopped_seconds_sum 0.012",
+            "crr_proxy_prestop_hook_duration_seconds_count 1",
+            "crr_proxy_prestop_hook_failures_total 1",
+            "crr_proxy_crrs_active 4",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line}:\n{text}");
         }

@@ -13,6 +13,7 @@ use std::time::Duration;
 use crr_proxy::agent::{self, AgentConfig, Mode};
 use crr_proxy::cri::v1::ContainerStatusRequest;
 use crr_proxy::kill::Killer;
+use crr_proxy::metrics::Metrics;
 use crr_proxy::proxy::{Proxy, Routes};
 use crr_proxy::reason::Recreated;
 use k8s_openapi::jiff::Timestamp;
@@ -34,6 +35,7 @@ struct Cluster {
     /// agent's record of recreated containers (kept in `recreated_file`).
     proxy: ProxyUnderTest,
     recreated_file: std::path::PathBuf,
+    metrics: Arc<Metrics>,
     _manager: Option<KruiseManager>,
     agent: tokio::task::JoinHandle<()>,
     _ctrd: Containerd,
@@ -53,6 +55,7 @@ impl Cluster {
         let cri = support::client(&ctrd.endpoint());
         let recreated_file = ctrd.scratch("state").join("recreated");
         let recreated = Arc::new(Recreated::open(&recreated_file).unwrap());
+        let metrics = Arc::new(Metrics::default());
         let proxy = ProxyUnderTest::serve(
             Proxy::new(Routes {
                 runtime: ctrd.endpoint(),
@@ -70,6 +73,7 @@ impl Cluster {
             node_name: NODE.into(),
             mode,
             recreated: Arc::clone(&recreated),
+            metrics: Arc::clone(&metrics),
         };
         let agent = tokio::spawn(agent::run(config, synced, std::future::pending()));
         tokio::time::timeout(Duration::from_secs(10), ready.wait_for(|r| *r))
@@ -82,6 +86,7 @@ impl Cluster {
             kubelet,
             proxy,
             recreated_file,
+            metrics,
             _manager: manager,
             agent,
         }
@@ -119,6 +124,14 @@ impl Cluster {
         })
         .await
         .unwrap_or_else(|| panic!("CRR {name} not accepted"))
+    }
+
+    /// One sample of the agent's /metrics text, by series name and labels.
+    fn metric(&self, series: &str) -> f64 {
+        let text = self.metrics.render();
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
     }
 
     fn crr(&self, name: &str) -> Option<Value> {
@@ -361,6 +374,17 @@ async fn e2e_3a_pre_stop_runs_fully_and_kills_are_sequential(mode: Mode) {
     assert!(
         after >= 8,
         "the sidecar stopped {after}s after creation, before the app's preStop ended"
+    );
+    // The app's 8 s hook, counted once and not as a failure.
+    assert_eq!(
+        cluster.metric("crr_proxy_prestop_hook_duration_seconds_count"),
+        1.0
+    );
+    assert!(cluster.metric("crr_proxy_prestop_hook_duration_seconds_sum") >= 8.0);
+    assert_eq!(cluster.metric("crr_proxy_prestop_hook_failures_total"), 0.0);
+    assert_eq!(
+        cluster.metric("crr_proxy_crr_seen_to_stopped_seconds_count"),
+        2.0
     );
 }
 
@@ -850,6 +874,29 @@ async fn the_pod_says_why_its_container_restarted(mode: Mode) {
     });
     let app = container_status(&pod, "app");
     assert_eq!(app["lastState"]["terminated"]["message"], message);
+    // What the agent counted.
+    assert_eq!(
+        cluster.metric(r#"crr_proxy_crr_recreations_total{outcome="succeeded"}"#),
+        1.0
+    );
+    assert_eq!(
+        cluster.metric(r#"crr_proxy_crr_recreations_total{outcome="failed"}"#),
+        0.0
+    );
+    assert_eq!(
+        cluster.metric("crr_proxy_crr_seen_to_stopped_seconds_count"),
+        1.0
+    );
+    let seen_to_stopped = cluster.metric("crr_proxy_crr_seen_to_stopped_seconds_sum");
+    assert!(
+        seen_to_stopped > 0.0 && seen_to_stopped < 5.0,
+        "{seen_to_stopped}"
+    );
+    assert_eq!(
+        cluster.metric("crr_proxy_prestop_hook_duration_seconds_count"),
+        0.0
+    );
+    assert!(cluster.metric("crr_proxy_crr_reconciles_total") >= 2.0);
     assert!(container_status(&pod, "sidecar")["lastState"].is_null());
 
     let old = done["spec"]["containers"][0]["statusContext"]["containerID"]

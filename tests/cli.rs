@@ -152,7 +152,8 @@ async fn without_an_api_server_the_proxy_serves_but_is_not_ready() {
     let mut child = run_with_agent(&listen, &upstream, &kubeconfig, &addr);
     assert_proxies(&listen).await;
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    assert_eq!(probe(&addr, "/healthz").await, 503);
+    // Alive, but not ready: the CRR watch cannot sync.
+    assert_eq!(probe(&addr, "/healthz").await, 200);
     assert_eq!(probe(&addr, "/readyz").await, 503);
     kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
     assert!(child.wait().unwrap().success());
@@ -168,16 +169,16 @@ async fn kruise_mode_serves_probes_once_the_crr_watch_has_synced() {
     support::write_kubeconfig(&kubeconfig, &api.url);
     let addr = free_addr();
     let mut child = run_with_agent(&listen, &upstream, &kubeconfig, &addr);
-    let mut healthy = 0;
+    let mut ready = 0;
     for _ in 0..100 {
-        healthy = probe(&addr, "/healthz").await;
-        if healthy == 200 {
+        ready = probe(&addr, "/readyz").await;
+        if ready == 200 {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    assert_eq!(healthy, 200, "/healthz never became ready");
-    assert_eq!(probe(&addr, "/readyz").await, 200);
+    assert_eq!(ready, 200, "/readyz never became ready");
+    assert_eq!(probe(&addr, "/healthz").await, 200);
     assert_eq!(probe(&addr, "/metrics").await, 200);
     // The proxy serves alongside.
     assert_proxies(&listen).await;
@@ -436,4 +437,66 @@ fn settings_come_from_flags_then_environment_then_the_settings_file() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("runtime-endpoint: expected a string"));
     support::remove_socket_dir(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_follows_the_runtime_and_credentials_never_reach_the_logs() {
+    const TOKEN: &str = "s3cr3t-bearer-token-9f1c";
+    let api = support::apiserver::FakeApiServer::start().await;
+    api.add_user(TOKEN, support::policy::UserInfo::node("node-a"));
+    let upstream = FakeUpstream::start();
+    let listen = support::temp_socket("secret");
+    let kubeconfig = listen.with_file_name("kubeconfig");
+    support::write_kubeconfig_as(&kubeconfig, &api.url, Some(TOKEN));
+    let addr = free_addr();
+    let mut child = crr_proxy()
+        .arg("run")
+        .args(["--listen", listen.to_str().unwrap()])
+        .args(["--runtime-endpoint", &upstream.endpoint().to_string()])
+        .args([
+            "--agent",
+            "kruise",
+            "--node-name",
+            "node-a",
+            "--metrics-addr",
+            &addr,
+        ])
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .env("CRR_PROXY_LOG", "trace")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    support::wait_for_path(&listen);
+    let mut ready = 0;
+    for _ in 0..100 {
+        ready = probe(&addr, "/readyz").await;
+        if ready == 200 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(ready, 200, "/readyz never became ready");
+    // The runtime goes away: not ready, but still alive and serving.
+    let socket = upstream.socket.clone();
+    drop(upstream);
+    assert!(!socket.exists());
+    assert_eq!(probe(&addr, "/readyz").await, 503);
+    assert_eq!(probe(&addr, "/healthz").await, 200);
+
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    assert!(child.wait().unwrap().success());
+    let mut logs = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut logs).unwrap();
+    assert!(
+        logs.contains("watching ContainerRecreateRequests"),
+        "{logs}"
+    );
+    assert!(logs.lines().count() > 20, "trace logs expected:\n{logs}");
+    assert!(!logs.contains(TOKEN), "the bearer token was logged");
+    assert!(
+        !logs.contains("s3cr3t"),
+        "part of the bearer token was logged"
+    );
+    support::remove_socket_dir(&listen);
 }

@@ -27,12 +27,13 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tracing::{Instrument, info, info_span, warn};
 
 use super::queue::Next;
 use super::{Agent, AgentError, PodKey, SyncGate, Watched, follow, is_finished};
 use crate::crr::admission;
 use crate::crr::{ContainerRecreateRequest, SyncContainerStatus, annotations, labels};
+use crate::metrics::CrrOutcome;
 
 /// The readiness gate kruise's Pods carry.
 pub const KRUISE_POD_READY: &str = "KruisePodReady";
@@ -144,7 +145,7 @@ pub(crate) enum Outcome {
     Continue(Next),
 }
 
-const DEADLINE_EXCEEDED: &str = "recreating has exceeded the activeDeadlineSeconds";
+pub(super) const DEADLINE_EXCEEDED: &str = "recreating has exceeded the activeDeadlineSeconds";
 
 impl Parts {
     /// Completes `crr` when its deadline passes, whatever its Pod's queue is
@@ -161,6 +162,7 @@ impl Parts {
         let pods = self.pods.clone();
         let client = agent.client.clone();
         let api = agent.api(crr);
+        let metrics = Arc::clone(&agent.metrics);
         let target = ObjectRef::from_obj(crr);
         let timer = tokio::spawn(async move {
             tokio::time::sleep(left).await;
@@ -181,6 +183,7 @@ impl Parts {
                         return;
                     }
                     Ok(written) => {
+                        metrics.crr_completed(CrrOutcome::DeadlineExceeded);
                         // Give back what the CRR held now, too: its Pod's
                         // queue may be busy with the kill for a while.
                         let key = super::pod_key(&written);
@@ -265,7 +268,13 @@ pub(crate) async fn manage_pod(
         let Some(fresh) = fresh_pod(agent, key).await? else {
             continue;
         };
-        accept(agent, &crr, &fresh).await?;
+        let span = info_span!(
+            "crr",
+            namespace = %key.namespace,
+            crr = %crr.name_any(),
+            pod = %key.pod,
+        );
+        accept(agent, &crr, &fresh).instrument(span).await?;
         wrote = true;
     }
 

@@ -41,6 +41,8 @@ pub struct HookReport {
     pub result: HookResult,
     /// Whole seconds spent, truncated as kubelet does.
     pub seconds: u64,
+    /// The time spent, for metrics.
+    pub took: std::time::Duration,
     /// An HTTPS hook answered in plain HTTP was retried over HTTP
     /// (kubelet's `LifecycleHTTPFallback` event).
     pub http_fallback: bool,
