@@ -500,3 +500,76 @@ async fn readyz_follows_the_runtime_and_credentials_never_reach_the_logs() {
     );
     support::remove_socket_dir(&listen);
 }
+
+/// The TCP sockets `pid` listens on, as `address:port` (from /proc: the
+/// socket inodes among its fds, matched against LISTEN entries).
+fn tcp_listeners(pid: u32) -> Vec<String> {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_string_lossy().into_owned();
+            Some(
+                target
+                    .strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_owned(),
+            )
+        })
+        .collect();
+    let mut found = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            // local_address st ... inode
+            if cols.len() > 9 && cols[3] == "0A" && inodes.iter().any(|i| i == cols[9]) {
+                let (addr, port) = cols[1].split_once(':').unwrap();
+                let port = u16::from_str_radix(port, 16).unwrap();
+                let ip = if addr.len() == 8 {
+                    let n = u32::from_str_radix(addr, 16).unwrap();
+                    std::net::Ipv4Addr::from(n.swap_bytes()).to_string()
+                } else {
+                    addr.to_owned()
+                };
+                found.push(format!("{ip}:{port}"));
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn its_only_tcp_listener_is_metrics_on_loopback_and_the_socket_is_root_0660() {
+    use std::os::unix::fs::MetadataExt;
+    let upstream = FakeUpstream::start();
+    let addr = free_addr();
+    for (metrics, expected) in [(addr.as_str(), vec![addr.clone()]), ("off", vec![])] {
+        let listen = support::temp_socket("listeners");
+        let mut child = crr_proxy()
+            .arg("run")
+            .args(["--listen", listen.to_str().unwrap()])
+            .args(["--runtime-endpoint", &upstream.endpoint().to_string()])
+            .args(["--metrics-addr", metrics])
+            .spawn()
+            .unwrap();
+        support::wait_for_path(&listen);
+        assert_proxies(&listen).await;
+        assert_eq!(
+            tcp_listeners(child.id()),
+            expected,
+            "--metrics-addr {metrics}"
+        );
+        let meta = std::fs::metadata(&listen).unwrap();
+        assert_eq!(meta.mode() & 0o777, 0o660);
+        assert_eq!(
+            (meta.uid(), meta.gid()),
+            (0, 0),
+            "the socket belongs to root"
+        );
+        kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+        assert!(child.wait().unwrap().success());
+        support::remove_socket_dir(&listen);
+    }
+}
