@@ -1,131 +1,168 @@
-//! Latency of CRI calls direct to containerd vs through crr-proxy (and vs a
-//! socat byte splice, the floor for any proxy, when socat is installed).
+//! crr-proxy's cost on kubelet's path, and the agent's reaction time, in one
+//! run (`scripts/bench.sh`, or `cargo bench --bench latency` as root).
 //!
-//! `cargo bench --bench latency` starts its own private containerd (as root)
-//! with one pod of 20 containers, runs the crr-proxy binary, and
-//! interleaves rounds of each target so that machine drift cancels out.
-//! `CRR_BENCH_CALLS` sets the calls per target and method (default 5000).
+//! The data path: CRI calls against a private containerd with one pod of
+//! 100 containers, direct vs through the release crr-proxy binary vs a
+//! socat byte splice (`UNIX-LISTEN,fork` to `UNIX-CONNECT`, the floor for
+//! any proxy). Version, ContainerStatus and ListContainers, at concurrency 1
+//! (one client, one call at a time) and 64 (64 calls in flight on one
+//! connection, as kubelet multiplexes). Rounds of the three targets are
+//! interleaved, so machine drift cancels out of the ratios. Then crr-proxy's
+//! RSS and its CPU seconds per 100 000 calls.
+//!
+//! The agent: crr-proxy `--agent kruise` against the tests' fake API server
+//! and kubelet role. The time from creating a CRR (no preStop) to its
+//! container's exit, as containerd records it (`finished_at`): an upper
+//! bound of "CRR visible to StopContainer issued" that adds SIGTERM delivery.
+//! Then the agent's RSS with 1 000 CRRs in its cache.
+//!
+//! `CRR_BENCH_CALLS` sets the calls per target and method at concurrency 1
+//! (default 5000; 4× that at concurrency 64); `CRR_BENCH_CRRS` the CRRs
+//! timed (default 200).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crr_proxy::cri::RuntimeClient;
-use crr_proxy::cri::v1::{ListContainersRequest, VersionRequest};
+use crr_proxy::cri::v1::{ContainerStatusRequest, ListContainersRequest, VersionRequest};
 use crr_proxy::proxy::Endpoint;
+use serde_json::json;
+use support::apiserver::{FakeApiServer, Resource};
 use support::containerd::Containerd;
+use support::roles::{ContainerSpec, KruiseManager, Kubelet, NAMESPACE, PodSpec, wait_for};
 
 const ROUNDS: usize = 10;
-const CONTAINERS: usize = 20;
+const CONTAINERS: usize = 100;
+const CONCURRENCY: usize = 64;
+const PODS: usize = 20;
+const CACHED_CRRS: usize = 1000;
 
 fn main() -> anyhow::Result<()> {
-    // `cargo bench` passes --bench; nothing else to parse.
-    let calls: usize = std::env::var("CRR_BENCH_CALLS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5000);
+    let env = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let calls = env("CRR_BENCH_CALLS", 5000);
+    let crrs = env("CRR_BENCH_CRRS", 200);
     let ctrd = Containerd::start()?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
         .enable_all()
         .build()?;
-    runtime.block_on(async {
-        let mut direct = support::client(&ctrd.endpoint());
-        let (pod_id, pod) =
-            support::pods::run_pod(&mut direct, "bench", &ctrd.scratch("logs")).await?;
-        for i in 0..CONTAINERS {
-            support::pods::start_container(
-                &mut direct,
-                &pod_id,
-                &pod,
-                &format!("c{i}"),
-                &["sleep", "86400"],
-            )
-            .await?;
-        }
-        anyhow::Ok(())
-    })?;
+    let some_container = runtime.block_on(setup_pod(&ctrd))?;
 
     let proxy_socket = support::temp_socket("bench-proxy");
-    let mut proxy = Spawned(
+    let proxy = Spawned::new(
         Command::new(env!("CARGO_BIN_EXE_crr-proxy"))
             .arg("run")
-            .arg("--listen")
-            .arg(&proxy_socket)
-            .arg("--runtime-endpoint")
-            .arg(ctrd.endpoint().to_string())
-            .env("CRR_PROXY_LOG", "warn")
-            .stdin(Stdio::null())
-            .spawn()?,
-    );
+            .args(["--listen", proxy_socket.to_str().unwrap()])
+            .args(["--runtime-endpoint", &ctrd.endpoint().to_string()])
+            .args(["--metrics-addr", "off"]),
+    )?;
     let socat_socket = support::temp_socket("bench-socat");
-    let socat = Command::new("socat")
-        .arg(format!("UNIX-LISTEN:{},fork", socat_socket.display()))
-        .arg(format!("UNIX-CONNECT:{}", ctrd.socket().display()))
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()
-        .map(Spawned);
+    let _socat = Spawned::new(
+        Command::new("socat")
+            .arg(format!("UNIX-LISTEN:{},fork", socat_socket.display()))
+            .arg(format!("UNIX-CONNECT:{}", ctrd.socket().display())),
+    )
+    .map_err(|e| anyhow::anyhow!("socat is needed (apt-get install socat): {e}"))?;
     support::wait_for_path(&proxy_socket);
-    if socat.is_some() {
-        support::wait_for_path(&socat_socket);
-    }
-
-    let mut targets = vec![
+    support::wait_for_path(&socat_socket);
+    let targets = [
         ("direct", ctrd.endpoint()),
         ("crr-proxy", Endpoint::from_path(&proxy_socket)),
+        ("socat", Endpoint::from_path(&socat_socket)),
     ];
-    if socat.is_some() {
-        targets.push(("socat", Endpoint::from_path(&socat_socket)));
-    }
-    println!("{calls} calls per target and method, {ROUNDS} interleaved rounds, concurrency 1");
-    runtime.block_on(async {
-        let mut clients: Vec<RuntimeClient> =
-            targets.iter().map(|(_, e)| support::client(e)).collect();
-        for method in [Method::Version, Method::ListContainers] {
-            let mut samples = vec![Vec::with_capacity(calls); targets.len()];
-            for client in &mut clients {
-                method.call(client).await; // connect and warm up
-            }
-            for _ in 0..ROUNDS {
-                for (client, samples) in clients.iter_mut().zip(samples.iter_mut()) {
-                    for _ in 0..calls / ROUNDS {
-                        let started = Instant::now();
-                        method.call(client).await;
-                        samples.push(started.elapsed());
-                    }
-                }
-            }
-            report(method, &targets, &mut samples);
+
+    println!("# data path: {CONTAINERS} containers; interleaved rounds of {ROUNDS}");
+    let cpu_before = cpu_seconds(proxy.id());
+    let mut proxied = 0;
+    for concurrency in [1, CONCURRENCY] {
+        let per_target = if concurrency == 1 { calls } else { calls * 4 };
+        println!("## concurrency {concurrency}, {per_target} calls per target and method");
+        for method in [
+            Method::Version,
+            Method::ContainerStatus(some_container.clone()),
+            Method::ListContainers,
+        ] {
+            let results = runtime.block_on(measure(&targets, &method, concurrency, per_target));
+            report(&method, &results);
+            proxied += per_target;
         }
-    });
-    proxy.0.kill()?;
-    let rss = rss_kib(proxy.0.id());
-    if let Some(kib) = rss {
-        println!(
-            "crr-proxy RSS after the run: {:.1} MiB",
-            kib as f64 / 1024.0
-        );
     }
-    drop(socat);
+    let cpu = cpu_seconds(proxy.id()) - cpu_before;
+    println!(
+        "crr-proxy: RSS {:.1} MiB after the load; CPU {:.2} s per 100 000 calls ({proxied} calls, {cpu:.2} s)",
+        rss_mib(proxy.id()),
+        cpu / proxied as f64 * 100_000.0
+    );
+    drop(proxy);
+
+    println!("# agent (kruise mode)");
+    runtime.block_on(agent(&ctrd, crrs))?;
     support::remove_socket_dir(&proxy_socket);
     support::remove_socket_dir(&socat_socket);
     Ok(())
 }
 
-#[derive(Clone, Copy, Debug)]
+/// One pod of `CONTAINERS` sleeping containers; returns one container's ID.
+async fn setup_pod(ctrd: &Containerd) -> anyhow::Result<String> {
+    let mut direct = support::client(&ctrd.endpoint());
+    let (pod_id, pod) = support::pods::run_pod(&mut direct, "bench", &ctrd.scratch("logs")).await?;
+    let mut first = String::new();
+    for i in 0..CONTAINERS {
+        let id = support::pods::start_container(
+            &mut direct,
+            &pod_id,
+            &pod,
+            &format!("c{i}"),
+            &["sleep", "86400"],
+        )
+        .await?;
+        if first.is_empty() {
+            first = id;
+        }
+    }
+    Ok(first)
+}
+
+#[derive(Clone, Debug)]
 enum Method {
     Version,
+    ContainerStatus(String),
     ListContainers,
 }
 
 impl Method {
-    async fn call(self, client: &mut RuntimeClient) {
+    fn name(&self) -> &'static str {
+        match self {
+            Method::Version => "Version",
+            Method::ContainerStatus(_) => "ContainerStatus",
+            Method::ListContainers => "ListContainers",
+        }
+    }
+
+    async fn call(&self, client: &mut RuntimeClient) {
         match self {
             Method::Version => {
                 client.version(VersionRequest::default()).await.unwrap();
+            }
+            Method::ContainerStatus(id) => {
+                let status = client
+                    .container_status(ContainerStatusRequest {
+                        container_id: id.clone(),
+                        verbose: false,
+                    })
+                    .await
+                    .unwrap();
+                assert!(status.into_inner().status.is_some());
             }
             Method::ListContainers => {
                 let listed = client
@@ -138,49 +175,370 @@ impl Method {
     }
 }
 
-fn report(method: Method, targets: &[(&str, Endpoint)], samples: &mut [Vec<Duration>]) {
-    let mut p50s = Vec::new();
-    for ((name, _), samples) in targets.iter().zip(samples.iter_mut()) {
-        samples.sort();
-        let p = |q: f64| samples[((samples.len() as f64 * q) as usize).min(samples.len() - 1)];
-        let (p50, p99) = (p(0.50), p(0.99));
-        let total: Duration = samples.iter().sum();
-        println!(
-            "{method:?} {name:>10}: p50 {:7.1} µs  p99 {:7.1} µs  {:8.0} calls/s",
-            p50.as_secs_f64() * 1e6,
-            p99.as_secs_f64() * 1e6,
-            samples.len() as f64 / total.as_secs_f64()
-        );
-        p50s.push((name, p50));
-    }
-    let direct = p50s[0].1.as_secs_f64();
-    let proxy = p50s[1].1.as_secs_f64();
-    print!(
-        "{method:?} p50 ratio crr-proxy/direct {:.3}",
-        proxy / direct
-    );
-    if let Some((_, socat)) = p50s.get(2) {
-        let socat = socat.as_secs_f64();
-        print!(
-            ", socat/direct {:.3}; added latency crr-proxy {:.1} µs vs socat {:.1} µs",
-            socat / direct,
-            (proxy - direct) * 1e6,
-            (socat - direct) * 1e6
-        );
-    }
-    println!();
+/// Per target: every call's latency, and the wall time all calls took.
+struct Measured {
+    latencies: Vec<Duration>,
+    wall: Duration,
 }
 
-fn rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
+async fn measure(
+    targets: &[(&str, Endpoint)],
+    method: &Method,
+    concurrency: usize,
+    per_target: usize,
+) -> Vec<Measured> {
+    // One client (one HTTP/2 connection) per target, as kubelet has.
+    let clients: Vec<RuntimeClient> = targets.iter().map(|(_, e)| support::client(e)).collect();
+    let mut results: Vec<Measured> = targets
+        .iter()
+        .map(|_| Measured {
+            latencies: Vec::with_capacity(per_target),
+            wall: Duration::ZERO,
+        })
+        .collect();
+    for client in &clients {
+        for _ in 0..concurrency.min(8) {
+            method.call(&mut client.clone()).await; // connect and warm up
+        }
+    }
+    let per_round = per_target / ROUNDS;
+    for _ in 0..ROUNDS {
+        for (client, result) in clients.iter().zip(results.iter_mut()) {
+            let started = Instant::now();
+            let workers: Vec<_> = (0..concurrency)
+                .map(|w| {
+                    let mut client = client.clone();
+                    let method = method.clone();
+                    let share = per_round / concurrency + usize::from(w < per_round % concurrency);
+                    tokio::spawn(async move {
+                        let mut latencies = Vec::with_capacity(share);
+                        for _ in 0..share {
+                            let call = Instant::now();
+                            method.call(&mut client).await;
+                            latencies.push(call.elapsed());
+                        }
+                        latencies
+                    })
+                })
+                .collect();
+            for worker in workers {
+                result.latencies.extend(worker.await.unwrap());
+            }
+            result.wall += started.elapsed();
+        }
+    }
+    results
+}
+
+fn report(method: &Method, results: &[Measured]) {
+    let mut rows = Vec::new();
+    for (name, result) in ["direct", "crr-proxy", "socat"].iter().zip(results) {
+        let mut sorted = result.latencies.clone();
+        sorted.sort();
+        let p = |q: f64| sorted[((sorted.len() as f64 * q) as usize).min(sorted.len() - 1)];
+        let rate = sorted.len() as f64 / result.wall.as_secs_f64();
+        println!(
+            "{:<16}{name:>10}: p50 {:8.1} µs  p99 {:8.1} µs  {:8.0} calls/s",
+            method.name(),
+            p(0.50).as_secs_f64() * 1e6,
+            p(0.99).as_secs_f64() * 1e6,
+            rate
+        );
+        rows.push((p(0.50).as_secs_f64(), rate));
+    }
+    let [
+        (direct, direct_rate),
+        (proxy, proxy_rate),
+        (socat, socat_rate),
+    ] = [rows[0], rows[1], rows[2]];
+    println!(
+        "{:<16}     ratio: p50 crr-proxy/direct {:.3}, crr-proxy/socat {:.3} (socat/direct {:.3}); \
+         added p50 crr-proxy {:+.1} µs, socat {:+.1} µs; throughput crr-proxy/direct {:.3}, socat/direct {:.3}",
+        method.name(),
+        proxy / direct,
+        proxy / socat,
+        socat / direct,
+        (proxy - direct) * 1e6,
+        (socat - direct) * 1e6,
+        proxy_rate / direct_rate,
+        socat_rate / direct_rate,
+    );
+}
+
+/// The agent's reaction time over `crrs` CRRs, then its RSS with
+/// `CACHED_CRRS` CRRs cached.
+async fn agent(ctrd: &Containerd, crrs: usize) -> anyhow::Result<()> {
+    let api = FakeApiServer::start().await;
+    let kubelet = Kubelet::start(
+        &api,
+        support::client(&ctrd.endpoint()),
+        "bench-node",
+        ctrd.scratch("kubelet"),
+    )
+    .await;
+    let manager = KruiseManager::start(&api);
+    let socket = support::temp_socket("bench-agent");
+    let kubeconfig = socket.with_file_name("kubeconfig");
+    support::write_kubeconfig(&kubeconfig, &api.url);
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let agent = Spawned::new(
+        Command::new(env!("CARGO_BIN_EXE_crr-proxy"))
+            .arg("run")
+            .args(["--listen", socket.to_str().unwrap()])
+            .args(["--runtime-endpoint", &ctrd.endpoint().to_string()])
+            .args(["--agent", "kruise", "--node-name", "bench-node"])
+            .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
+            .args(["--metrics-addr", &metrics])
+            .args([
+                "--state-dir",
+                socket.with_file_name("state").to_str().unwrap(),
+            ]),
+    )?;
+    // A container that exits at once on SIGTERM: `wait` is interrupted.
+    let mut app = ContainerSpec::graceful("app");
+    app.command = ["sh", "-c", "trap 'exit 0' TERM; sleep 86400 & wait"]
+        .map(String::from)
+        .to_vec();
+    for i in 0..PODS {
+        kubelet
+            .run_pod(PodSpec::new(&format!("p{i}"), vec![app.clone()]))
+            .await;
+    }
+    wait_ready(&metrics).await;
+
+    let mut latencies = Vec::new();
+    let mut direct = support::client(&ctrd.endpoint());
+    // One CRR at a time, round-robin over the Pods: the agent's reaction
+    // time, not a queue's. A Pod gets its next CRR once its last one has
+    // completed.
+    let mut last: Vec<Option<String>> = vec![None; PODS];
+    let mut to_stop = Vec::new();
+    for n in 0..crrs {
+        let i = n % PODS;
+        if let Some(previous) = last[i].take() {
+            let done = wait_for(Duration::from_secs(60), || {
+                api.get(Resource::Crr, NAMESPACE, &previous)
+                    .filter(|c| c["status"]["phase"] == "Completed")
+            })
+            .await
+            .ok_or_else(|| anyhow::anyhow!("CRR {previous} did not complete"))?;
+            let message = done["status"]["message"].as_str().unwrap_or_default();
+            anyhow::ensure!(message.is_empty(), "{previous}: {}", done["status"]);
+            kubelet.wait_ready(&format!("p{i}")).await;
+        }
+        let name = format!("crr-{n}");
+        let at = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as i64;
+        let crr = api
+            .create(
+                Resource::Crr,
+                NAMESPACE,
+                json!({"metadata": {"name": name},
+                    "spec": {"podName": format!("p{i}"), "containers": [{"name": "app"}]}}),
+            )
+            .map_err(|e| anyhow::anyhow!("create {name}: {e:?}"))?;
+        let old = crr["spec"]["containers"][0]["statusContext"]["containerID"]
+            .as_str()
+            .unwrap_or_default()
+            .trim_start_matches("containerd://")
+            .to_owned();
+        let mut finished_at = 0;
+        for _ in 0..20_000 {
+            let status = direct
+                .container_status(ContainerStatusRequest {
+                    container_id: old.clone(),
+                    verbose: false,
+                })
+                .await?
+                .into_inner()
+                .status
+                .ok_or_else(|| anyhow::anyhow!("no status"))?;
+            if status.finished_at != 0 {
+                finished_at = status.finished_at;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        anyhow::ensure!(finished_at != 0, "{name}: the container never exited");
+        latencies.push(Duration::from_nanos((finished_at - at).max(0) as u64));
+        let stopped = stop_received(&ctrd.log_path(), &old)
+            .ok_or_else(|| anyhow::anyhow!("{name}: no StopContainer in containerd's log"))?;
+        to_stop.push(Duration::from_nanos((stopped - at).max(0) as u64));
+        last[i] = Some(name);
+    }
+    report_agent(
+        "CRR created -> StopContainer received by containerd",
+        &mut to_stop,
+    );
+    report_agent("CRR created -> container exited", &mut latencies);
+    println!(
+        "crr-proxy with the agent: RSS {:.1} MiB after {} CRRs",
+        rss_mib(agent.id()),
+        latencies.len()
+    );
+    drop(agent);
+    // From here on nobody completes or releases CRRs.
+    drop(manager);
+
+    // 1 000 CRRs of this node in the cache: completed, still labelled
+    // active (as kruise-manager leaves them until it catches up), each
+    // with two containers and their states.
+    for i in 0..CACHED_CRRS {
+        let mut crr = json!({"metadata": {"name": format!("cached-{i}"), "labels": {
+                "crr.apps.kruise.io/node-name": "bench-node", "crr.apps.kruise.io/active": "true",
+                "crr.apps.kruise.io/pod-uid": format!("uid-{i}")}},
+            "spec": {"podName": format!("gone-{i}"), "containers": [
+                {"name": "app", "statusContext": {"containerID": format!("containerd://{i:064x}"), "restartCount": 1}},
+                {"name": "sidecar", "statusContext": {"containerID": format!("containerd://{:064x}", i + 1), "restartCount": 0}}],
+                "strategy": {"failurePolicy": "Fail", "minStartedSeconds": 10}, "ttlSecondsAfterFinished": 3600}});
+        let created = api
+            .create_unchecked(Resource::Crr, NAMESPACE, crr.take())
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        let mut with_status = created.clone();
+        with_status["status"] = json!({"phase": "Completed", "completionTime": support::apiserver::now(),
+            "containerRecreateStates": [{"name": "app", "phase": "Succeeded", "isKilled": true}, {"name": "sidecar", "phase": "Succeeded", "isKilled": true}]});
+        api.update(
+            Resource::Crr,
+            NAMESPACE,
+            &format!("cached-{i}"),
+            with_status,
+            true,
+        )
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    }
+    let socket = support::temp_socket("bench-cache");
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let cached = Spawned::new(
+        Command::new(env!("CARGO_BIN_EXE_crr-proxy"))
+            .arg("run")
+            .args(["--listen", socket.to_str().unwrap()])
+            .args(["--runtime-endpoint", &ctrd.endpoint().to_string()])
+            .args(["--agent", "kruise", "--node-name", "bench-node"])
+            .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
+            .args(["--metrics-addr", &metrics])
+            .args([
+                "--state-dir",
+                socket.with_file_name("state").to_str().unwrap(),
+            ]),
+    )?;
+    wait_ready(&metrics).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    println!(
+        "crr-proxy with the agent and {} CRRs cached: RSS {:.1} MiB",
+        api.list(
+            Resource::Crr,
+            Some(NAMESPACE),
+            &support::apiserver::Selector::labels("crr.apps.kruise.io/active=true")
+        )
+        .len(),
+        rss_mib(cached.id())
+    );
+    drop(cached);
+    drop(kubelet);
+    support::remove_socket_dir(&socket);
+    Ok(())
+}
+
+fn report_agent(what: &str, latencies: &mut [Duration]) {
+    latencies.sort();
+    let p = |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
+    println!(
+        "{what} (no preStop), {} CRRs one at a time over {PODS} Pods: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        latencies.len(),
+        p(0.50).as_secs_f64() * 1e3,
+        p(0.99).as_secs_f64() * 1e3,
+        p(1.0).as_secs_f64() * 1e3,
+    );
+}
+
+/// When containerd logged receiving StopContainer for `id`, in ns since the epoch.
+fn stop_received(log: &Path, id: &str) -> Option<i64> {
+    let text = std::fs::read_to_string(log).ok()?;
+    let needle = format!("StopContainer for \\\"{id}\\\" with timeout");
+    let line = text.lines().find(|l| l.contains(&needle))?;
+    let time = line.strip_prefix("time=\"")?.split('"').next()?;
+    let at: k8s_openapi::jiff::Timestamp = time.parse().ok()?;
+    i64::try_from(at.as_nanosecond()).ok()
+}
+
+async fn wait_ready(addr: &str) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    for _ in 0..200 {
+        if let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await {
+            let request = "GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+            let mut answer = String::new();
+            if stream.write_all(request.as_bytes()).await.is_ok()
+                && stream.read_to_string(&mut answer).await.is_ok()
+                && answer.starts_with("HTTP/1.1 200")
+            {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("crr-proxy at {addr} never became ready");
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(10222)
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib: f64 = status
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0.0);
+    kib / 1024.0
+}
+
+/// User + system CPU seconds of `pid` so far.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start at state.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of the full line: 11 and 12 here.
+    (ticks(11) + ticks(12)) / 100.0
 }
 
 /// A child process killed when dropped.
 struct Spawned(Child);
+
+impl Spawned {
+    /// Quiet, unless `CRR_BENCH_LOG` names a file for the children's debug logs.
+    fn new(command: &mut Command) -> std::io::Result<Self> {
+        let log = match std::env::var_os("CRR_BENCH_LOG") {
+            Some(path) => {
+                command.env("CRR_PROXY_LOG", "crr_proxy=debug");
+                Stdio::from(
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(path)?,
+                )
+            }
+            None => {
+                command.env("CRR_PROXY_LOG", "warn");
+                Stdio::null()
+            }
+        };
+        command.stdin(Stdio::null()).stderr(log).spawn().map(Self)
+    }
+
+    fn id(&self) -> u32 {
+        self.0.id()
+    }
+}
 
 impl Drop for Spawned {
     fn drop(&mut self) {

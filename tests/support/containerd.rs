@@ -164,8 +164,13 @@ impl Containerd {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// containerd's own log (its CRI calls at info level, with timestamps).
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join("containerd.log")
+    }
+
     pub fn log_tail(&self) -> String {
-        let log = fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default();
+        let log = fs::read_to_string(self.log_path()).unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();
         lines[lines.len().saturating_sub(30)..].join("\n")
     }
