@@ -282,20 +282,7 @@ async fn agent(ctrd: &Containerd, crrs: usize) -> anyhow::Result<()> {
     let socket = support::temp_socket("bench-agent");
     let kubeconfig = socket.with_file_name("kubeconfig");
     support::write_kubeconfig(&kubeconfig, &api.url);
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let agent = Spawned::new(
-        Command::new(env!("CARGO_BIN_EXE_crr-proxy"))
-            .arg("run")
-            .args(["--listen", socket.to_str().unwrap()])
-            .args(["--runtime-endpoint", &ctrd.endpoint().to_string()])
-            .args(["--agent", "kruise", "--node-name", "bench-node"])
-            .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
-            .args(["--metrics-addr", &metrics])
-            .args([
-                "--state-dir",
-                socket.with_file_name("state").to_str().unwrap(),
-            ]),
-    )?;
+    let (agent, metrics) = spawn_agent(ctrd, &socket, &kubeconfig)?;
     // A container that exits at once on SIGTERM: `wait` is interrupted.
     let mut app = ContainerSpec::graceful("app");
     app.command = ["sh", "-c", "trap 'exit 0' TERM; sleep 86400 & wait"]
@@ -408,20 +395,7 @@ async fn agent(ctrd: &Containerd, crrs: usize) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("{e:?}"))?;
     }
     let socket = support::temp_socket("bench-cache");
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let cached = Spawned::new(
-        Command::new(env!("CARGO_BIN_EXE_crr-proxy"))
-            .arg("run")
-            .args(["--listen", socket.to_str().unwrap()])
-            .args(["--runtime-endpoint", &ctrd.endpoint().to_string()])
-            .args(["--agent", "kruise", "--node-name", "bench-node"])
-            .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
-            .args(["--metrics-addr", &metrics])
-            .args([
-                "--state-dir",
-                socket.with_file_name("state").to_str().unwrap(),
-            ]),
-    )?;
+    let (cached, metrics) = spawn_agent(ctrd, &socket, &kubeconfig)?;
     wait_ready(&metrics).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     println!(
@@ -438,6 +412,29 @@ async fn agent(ctrd: &Containerd, crrs: usize) -> anyhow::Result<()> {
     drop(kubelet);
     support::remove_socket_dir(&socket);
     Ok(())
+}
+
+/// crr-proxy `--agent kruise` on `socket`; returns it and its metrics address.
+fn spawn_agent(
+    ctrd: &Containerd,
+    socket: &Path,
+    kubeconfig: &Path,
+) -> std::io::Result<(Spawned, String)> {
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let agent = Spawned::new(
+        Command::new(env!("CARGO_BIN_EXE_crr-proxy"))
+            .arg("run")
+            .args(["--listen", &socket.display().to_string()])
+            .args(["--runtime-endpoint", &ctrd.endpoint().to_string()])
+            .args(["--agent", "kruise", "--node-name", "bench-node"])
+            .args(["--kubeconfig", &kubeconfig.display().to_string()])
+            .args(["--metrics-addr", &metrics])
+            .args([
+                "--state-dir",
+                &socket.with_file_name("state").display().to_string(),
+            ]),
+    )?;
+    Ok((agent, metrics))
 }
 
 fn report_agent(what: &str, latencies: &mut [Duration]) {

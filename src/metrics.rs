@@ -304,21 +304,19 @@ impl Metrics {
                 );
             }
         }
-        out.push_str("# HELP crr_proxy_cri_in_flight_requests CRI calls in progress.\n");
-        out.push_str("# TYPE crr_proxy_cri_in_flight_requests gauge\n");
-        let _ = writeln!(
-            out,
-            "crr_proxy_cri_in_flight_requests {}",
-            self.in_flight.load(Ordering::Relaxed)
+        scalar(
+            &mut out,
+            "crr_proxy_cri_in_flight_requests",
+            "gauge",
+            "CRI calls in progress.",
+            self.in_flight.load(Ordering::Relaxed),
         );
-        out.push_str(
-            "# HELP crr_proxy_upstream_connections Open HTTP/2 connections to the runtime.\n",
-        );
-        out.push_str("# TYPE crr_proxy_upstream_connections gauge\n");
-        let _ = writeln!(
-            out,
-            "crr_proxy_upstream_connections {}",
-            self.upstream_connections.load(Ordering::Relaxed)
+        scalar(
+            &mut out,
+            "crr_proxy_upstream_connections",
+            "gauge",
+            "Open HTTP/2 connections to the runtime.",
+            self.upstream_connections.load(Ordering::Relaxed),
         );
         self.render_crr(&mut out);
         out
@@ -326,14 +324,12 @@ impl Metrics {
 
     fn render_crr(&self, out: &mut String) {
         let crr = &self.crr;
-        out.push_str(
-            "# HELP crr_proxy_crr_reconciles_total Runs of the agent's work for one Pod's CRRs.\n",
-        );
-        out.push_str("# TYPE crr_proxy_crr_reconciles_total counter\n");
-        let _ = writeln!(
+        scalar(
             out,
-            "crr_proxy_crr_reconciles_total {}",
-            crr.reconciles.load(Ordering::Relaxed)
+            "crr_proxy_crr_reconciles_total",
+            "counter",
+            "Runs of the agent's work for one Pod's CRRs.",
+            crr.reconciles.load(Ordering::Relaxed),
         );
         out.push_str(
             "# HELP crr_proxy_crr_recreations_total CRRs completed by this node, by outcome.\n",
@@ -355,21 +351,28 @@ impl Metrics {
         out.push_str("# TYPE crr_proxy_prestop_hook_duration_seconds histogram\n");
         crr.pre_stop
             .render(out, "crr_proxy_prestop_hook_duration_seconds", "");
-        out.push_str("# HELP crr_proxy_prestop_hook_failures_total preStop hooks that failed (the kill went on).\n");
-        out.push_str("# TYPE crr_proxy_prestop_hook_failures_total counter\n");
-        let _ = writeln!(
+        scalar(
             out,
-            "crr_proxy_prestop_hook_failures_total {}",
-            crr.pre_stop_failures.load(Ordering::Relaxed)
+            "crr_proxy_prestop_hook_failures_total",
+            "counter",
+            "preStop hooks that failed (the kill went on).",
+            crr.pre_stop_failures.load(Ordering::Relaxed),
         );
-        out.push_str("# HELP crr_proxy_crrs_active CRRs of this node not yet completed.\n");
-        out.push_str("# TYPE crr_proxy_crrs_active gauge\n");
-        let _ = writeln!(
+        scalar(
             out,
-            "crr_proxy_crrs_active {}",
-            crr.active.load(Ordering::Relaxed)
+            "crr_proxy_crrs_active",
+            "gauge",
+            "CRRs of this node not yet completed.",
+            crr.active.load(Ordering::Relaxed),
         );
     }
+}
+
+/// One series without labels, with its HELP and TYPE lines.
+fn scalar(out: &mut String, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    let _ = writeln!(out, "{name} {value}");
 }
 
 #[cfg(test)]

@@ -21,7 +21,6 @@ use serde_json::{Value, json};
 use support::ProxyUnderTest;
 use support::apiserver::{FakeApiServer, Resource};
 use support::containerd::Containerd;
-use support::policy::UserInfo;
 use support::roles::{self, ContainerSpec, KruiseManager, Kubelet, NAMESPACE, PodSpec, wait_for};
 
 const NODE: &str = "node-a";
@@ -48,10 +47,8 @@ impl Cluster {
             .await
             .unwrap()
             .unwrap();
-        let api = FakeApiServer::start().await;
         // The agent writes as its node, under deploy/'s admission policies.
-        api.add_policies(include_str!("../deploy/node-policy.yaml"));
-        api.add_user(NODE_TOKEN, UserInfo::node(NODE));
+        let api = FakeApiServer::start_for_node(NODE, NODE_TOKEN).await;
         let cri = support::client(&ctrd.endpoint());
         let recreated_file = ctrd.scratch("state").join("recreated");
         let recreated = Arc::new(Recreated::open(&recreated_file).unwrap());

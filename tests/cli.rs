@@ -80,6 +80,19 @@ fn agent_modes_without_a_kubeconfig_fail_at_start() {
 }
 
 /// GET `path` on `addr` and return the status code.
+/// Waits (up to 5 s) for /readyz to answer 200.
+async fn wait_until_ready(addr: &str) {
+    let mut ready = 0;
+    for _ in 0..100 {
+        ready = probe(addr, "/readyz").await;
+        if ready == 200 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(ready, 200, "/readyz never became ready");
+}
+
 async fn probe(addr: &str, path: &str) -> u16 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
@@ -112,7 +125,22 @@ fn run_with_agent(
     kubeconfig: &std::path::Path,
     addr: &str,
 ) -> std::process::Child {
-    let child = crr_proxy()
+    let child = agent_command(listen, upstream, kubeconfig, addr)
+        .spawn()
+        .unwrap();
+    support::wait_for_path(listen);
+    child
+}
+
+/// `crr-proxy run --agent kruise` for node-a, in front of `upstream`.
+fn agent_command(
+    listen: &std::path::Path,
+    upstream: &FakeUpstream,
+    kubeconfig: &std::path::Path,
+    addr: &str,
+) -> Command {
+    let mut command = crr_proxy();
+    command
         .arg("run")
         .args(["--listen", listen.to_str().unwrap()])
         .args(["--runtime-endpoint", &upstream.endpoint().to_string()])
@@ -125,11 +153,8 @@ fn run_with_agent(
             addr,
         ])
         .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .spawn()
-        .unwrap();
-    support::wait_for_path(listen);
-    child
+        .arg(kubeconfig);
+    command
 }
 
 /// One call through the proxy on `listen` reaches the fake upstream.
@@ -169,15 +194,7 @@ async fn kruise_mode_serves_probes_once_the_crr_watch_has_synced() {
     support::write_kubeconfig(&kubeconfig, &api.url);
     let addr = free_addr();
     let mut child = run_with_agent(&listen, &upstream, &kubeconfig, &addr);
-    let mut ready = 0;
-    for _ in 0..100 {
-        ready = probe(&addr, "/readyz").await;
-        if ready == 200 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    assert_eq!(ready, 200, "/readyz never became ready");
+    wait_until_ready(&addr).await;
     assert_eq!(probe(&addr, "/healthz").await, 200);
     assert_eq!(probe(&addr, "/metrics").await, 200);
     // The proxy serves alongside.
@@ -449,34 +466,13 @@ async fn readyz_follows_the_runtime_and_credentials_never_reach_the_logs() {
     let kubeconfig = listen.with_file_name("kubeconfig");
     support::write_kubeconfig_as(&kubeconfig, &api.url, Some(TOKEN));
     let addr = free_addr();
-    let mut child = crr_proxy()
-        .arg("run")
-        .args(["--listen", listen.to_str().unwrap()])
-        .args(["--runtime-endpoint", &upstream.endpoint().to_string()])
-        .args([
-            "--agent",
-            "kruise",
-            "--node-name",
-            "node-a",
-            "--metrics-addr",
-            &addr,
-        ])
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
+    let mut child = agent_command(&listen, &upstream, &kubeconfig, &addr)
         .env("CRR_PROXY_LOG", "trace")
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     support::wait_for_path(&listen);
-    let mut ready = 0;
-    for _ in 0..100 {
-        ready = probe(&addr, "/readyz").await;
-        if ready == 200 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    assert_eq!(ready, 200, "/readyz never became ready");
+    wait_until_ready(&addr).await;
     // The runtime goes away: not ready, but still alive and serving.
     let socket = upstream.socket.clone();
     drop(upstream);

@@ -18,7 +18,6 @@ use nix::unistd::Pid;
 use serde_json::{Value, json};
 use support::apiserver::{FakeApiServer, Resource};
 use support::containerd::Containerd;
-use support::policy::UserInfo;
 use support::roles::{ContainerSpec, KruiseManager, Kubelet, NAMESPACE, PodSpec, wait_for};
 
 const NODE: &str = "node-a";
@@ -69,9 +68,7 @@ async fn killed_between_the_stop_and_its_record(mode: &str) {
         .await
         .unwrap()
         .unwrap();
-    let api = FakeApiServer::start().await;
-    api.add_policies(include_str!("../deploy/node-policy.yaml"));
-    api.add_user("node-a-token", UserInfo::node(NODE));
+    let api = FakeApiServer::start_for_node(NODE, "node-a-token").await;
     let listen = support::temp_socket("crash");
     let kubeconfig = listen.with_file_name("kubeconfig");
     support::write_kubeconfig_as(&kubeconfig, &api.url, Some("node-a-token"));

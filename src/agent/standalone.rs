@@ -407,7 +407,10 @@ async fn accept(
             node_labels.insert(labels::POD_UID.to_owned(), Some(uid));
             let patch = json!({"metadata": {"labels": node_labels}});
             let labelled = merge(&api, crr, &patch).await?;
-            agent.complete(&labelled, &message).await?;
+            // A lagging cache may bring a refusal back once it is done.
+            if !is_finished(&labelled) {
+                agent.complete(&labelled, &message).await?;
+            }
         }
     }
     Ok(())

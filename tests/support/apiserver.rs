@@ -368,6 +368,15 @@ impl FakeApiServer {
         server
     }
 
+    /// A server under deploy/node-policy.yaml, where `token` authenticates
+    /// as `node`'s crr-proxy identity.
+    pub async fn start_for_node(node: &str, token: &str) -> Self {
+        let server = Self::start().await;
+        server.add_policies(include_str!("../../deploy/node-policy.yaml"));
+        server.add_user(token, UserInfo::node(node));
+        server
+    }
+
     /// A kube client for this server.
     pub fn client(&self) -> kube::Client {
         kube::Client::try_from(self.config()).expect("kube client")
