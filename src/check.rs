@@ -6,6 +6,7 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
 use std::time::Duration;
 
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
@@ -19,6 +20,11 @@ use crate::crr::ContainerRecreateRequest;
 use crate::proxy::Endpoint;
 
 const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The per-node identity scripts/node-identity.sh issues:
+/// `crr-proxy:node:<node>` in the group `crr-proxy:nodes`.
+const NODE_USER_PREFIX: &str = "crr-proxy:node:";
+const NODE_GROUP: &str = "crr-proxy:nodes";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -273,6 +279,44 @@ async fn rbac(client: &kube::Client, mode: Mode) -> Result<String, Verdict> {
     }
 }
 
+/// Who the credentials are (SelfSubjectReview), against the per-node
+/// identity deploy/node-policy.yaml expects for `node`.
+async fn identity(client: &kube::Client, node: &str) -> Result<String, Verdict> {
+    let review = SelfSubjectReview::default();
+    let answer = Api::<SelfSubjectReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await;
+    let user = match answer {
+        Ok(review) => review.status.and_then(|s| s.user_info).unwrap_or_default(),
+        Err(kube::Error::Api(status)) if status.code == 404 => {
+            return Err(Verdict::Skip(
+                "the API server has no SelfSubjectReview (before 1.28)".into(),
+            ));
+        }
+        Err(error) => return Err(fail(error)),
+    };
+    let name = user.username.unwrap_or_default();
+    let expected = format!("{NODE_USER_PREFIX}{node}");
+    let is_node_identity = user
+        .groups
+        .unwrap_or_default()
+        .iter()
+        .any(|g| g == NODE_GROUP);
+    if name == expected {
+        Ok(format!(
+            "{name}, confined to node {node:?} by deploy/node-policy.yaml"
+        ))
+    } else if is_node_identity || name.starts_with(NODE_USER_PREFIX) {
+        Err(fail(format!(
+            "{name} is another node's identity: with --node-name {node:?}, deploy/node-policy.yaml refuses every write (want {expected})"
+        )))
+    } else {
+        Err(Verdict::Skip(format!(
+            "{name}: not a per-node identity, so deploy/node-policy.yaml does not confine it (scripts/node-identity.sh)"
+        )))
+    }
+}
+
 async fn kubernetes(settings: &AgentSettings, report: &mut Report) {
     let config = match agent::kube_config(settings).await {
         Ok(config) => {
@@ -295,6 +339,7 @@ async fn kubernetes(settings: &AgentSettings, report: &mut Report) {
         Err(_) => return report.add("API server", Err(fail(format!("no answer in {TIMEOUT:?}")))),
     }
 
+    report.add("identity", identity(&client, &settings.node_name).await);
     report.add("RBAC", rbac(&client, settings.mode).await);
 
     let crrs: Api<ContainerRecreateRequest> = Api::all(client.clone());

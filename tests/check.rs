@@ -40,12 +40,12 @@ async fn everything_in_place_passes_and_each_gap_fails_by_name() {
         .await
         .unwrap()
         .unwrap();
-    let api = FakeApiServer::start().await;
+    let api = FakeApiServer::start_for_node("node-a", "node-a-token").await;
     api.create(Resource::Node, "", json!({"metadata": {"name": "node-a"}}))
         .unwrap();
     let dir = ctrd.scratch("check");
     let kubeconfig = dir.join("kubeconfig");
-    support::write_kubeconfig(&kubeconfig, &api.url);
+    support::write_kubeconfig_as(&kubeconfig, &api.url, Some("node-a-token"));
     let listen = dir.join("run/proxy.sock");
     let kubelet = dir.join("kubelet.yaml");
     let socket = format!("unix://{}", listen.display());
@@ -80,12 +80,17 @@ async fn everything_in_place_passes_and_each_gap_fails_by_name() {
         "kubelet endpoints",
         "kubeconfig",
         "API server",
+        "identity",
         "RBAC",
         "CRD",
         "node name",
     ] {
         assert!(row(&table, check).contains("pass"), "{check}:\n{table}");
     }
+    assert!(
+        row(&table, "identity").contains("crr-proxy:node:node-a"),
+        "{table}"
+    );
     assert!(
         row(&table, "runtime endpoint").contains("containerd"),
         "{table}"
@@ -120,5 +125,22 @@ async fn everything_in_place_passes_and_each_gap_fails_by_name() {
         "{table}"
     );
     assert!(row(&table, "node name").contains("FAIL"), "{table}");
+    // node-a's identity on a crr-proxy told it is node-z.
+    assert!(row(&table, "identity").contains("FAIL"), "{table}");
     assert!(row(&table, "CRD").contains("pass"), "{table}");
+
+    // Credentials that are no node identity (an admin's): noted, not failed.
+    support::write_kubeconfig(&kubeconfig, &api.url);
+    let (_, table) = tokio::task::spawn_blocking({
+        let (kubeconfig, kubelet) = (kubeconfig.clone(), kubelet.clone());
+        let args = args.map(String::from);
+        move || check(&args.each_ref().map(String::as_str), &kubeconfig, &kubelet)
+    })
+    .await
+    .unwrap();
+    assert!(row(&table, "identity").contains("skip"), "{table}");
+    assert!(
+        row(&table, "identity").contains("kubernetes-admin"),
+        "{table}"
+    );
 }

@@ -872,6 +872,21 @@ impl FakeApiServer {
             review["status"] = json!({"allowed": allowed});
             return Ok(respond(201, &review));
         }
+        if parts.method == Method::POST
+            && path == ["apis", "authentication.k8s.io", "v1", "selfsubjectreviews"]
+        {
+            let user = CALLER
+                .try_with(Clone::clone)
+                .ok()
+                .flatten()
+                .unwrap_or(UserInfo {
+                    username: "kubernetes-admin".into(),
+                    groups: vec!["system:masters".into(), "system:authenticated".into()],
+                });
+            let review = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview",
+                                "metadata": {"creationTimestamp": null}, "status": {"userInfo": user}});
+            return Ok(respond(201, &review));
+        }
         let (group_version, rest) = match path.as_slice() {
             ["api", version, rest @ ..] => ((*version).to_owned(), rest),
             ["apis", group, version, rest @ ..] => (format!("{group}/{version}"), rest),
