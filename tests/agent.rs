@@ -871,11 +871,13 @@ async fn the_pod_says_why_its_container_restarted(mode: Mode) {
     });
     let app = container_status(&pod, "app");
     assert_eq!(app["lastState"]["terminated"]["message"], message);
-    // What the agent counted.
-    assert_eq!(
-        cluster.metric(r#"crr_proxy_crr_recreations_total{outcome="succeeded"}"#),
-        1.0
-    );
+    // What the agent counted (once its completing write has returned to it).
+    let succeeded = r#"crr_proxy_crr_recreations_total{outcome="succeeded"}"#;
+    wait_for(Duration::from_secs(5), || {
+        (cluster.metric(succeeded) == 1.0).then_some(())
+    })
+    .await
+    .unwrap_or_else(|| panic!("{succeeded} is {}", cluster.metric(succeeded)));
     assert_eq!(
         cluster.metric(r#"crr_proxy_crr_recreations_total{outcome="failed"}"#),
         0.0
