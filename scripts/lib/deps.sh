@@ -10,7 +10,8 @@ ensure_root() {
 
 # containerd + runc run the containers; busybox-static fills the test images
 # (no registry needed); python3 plays systemd in the socket-activation tests;
-# systemd provides systemd-analyze, which checks the units.
+# systemd provides systemd-analyze, which checks the units; openssl plays
+# the cluster's signer in the node-identity test.
 ensure_packages() {
   local missing=()
   command -v containerd >/dev/null || missing+=(containerd)
@@ -18,6 +19,7 @@ ensure_packages() {
   dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'ok installed' || missing+=(busybox-static)
   command -v python3 >/dev/null || missing+=(python3)
   command -v systemd-analyze >/dev/null || missing+=(systemd)
+  command -v openssl >/dev/null || missing+=(openssl)
   if ((${#missing[@]})); then
     echo "installing ${missing[*]}" >&2
     apt-get update -qq
