@@ -183,8 +183,8 @@ impl wire::Lookup for Recreated {
 pub struct Editor {
     kind: StatusResponse,
     buf: BytesMut,
-    /// Set after a message too large (or compressed) to edit: the rest of
-    /// the stream passes as it comes.
+    /// Set after a message too large to edit: from there on the stream
+    /// passes as it comes (compressed messages only pass unedited).
     passthrough: bool,
 }
 
