@@ -122,9 +122,7 @@ pub fn kubelet_annotations(data: &[u8]) {
 /// the daemon's state computation; plus the sync-container-statuses
 /// annotation kruise-manager writes.
 pub fn crr_json(data: &[u8]) {
-    if let Ok(statuses) = serde_json::from_slice::<Vec<SyncContainerStatus>>(data) {
-        let _ = statuses.len();
-    }
+    let _ = serde_json::from_slice::<Vec<SyncContainerStatus>>(data);
     let Ok(crr) = serde_json::from_slice::<ContainerRecreateRequest>(data) else {
         return;
     };

@@ -193,17 +193,12 @@ impl Connection {
         };
         let mut call = Call::start(&self.metrics, req.uri().path());
         // Only the three status answers, and only once a container was
-        // recreated, pay for reading messages.
-        let editor = self
-            .recreated
-            .as_ref()
-            .filter(|r| !r.is_empty())
-            .and_then(|r| {
-                Some((
-                    Editor::new(StatusResponse::for_path(req.uri().path())?),
-                    Arc::clone(r),
-                ))
-            });
+        // recreated, pay for reading messages; the path is checked first,
+        // as it costs no lock.
+        let editor = StatusResponse::for_path(req.uri().path()).and_then(|kind| {
+            let recreated = self.recreated.as_ref().filter(|r| !r.is_empty())?;
+            Some((Editor::new(kind), Arc::clone(recreated)))
+        });
         let response = upstream.forward(req).await;
         // A trailers-only answer carries its status in the headers.
         if let Some(code) = body::grpc_code(response.headers()) {

@@ -101,6 +101,46 @@ impl ProxyBody {
     }
 }
 
+impl ProxyBody {
+    /// The runtime's next frame, through the editor when there is one.
+    fn poll_edited(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        if let Some(frame) = self.held.take() {
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        let Some((body, _)) = self.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        loop {
+            let polled = Pin::new(&mut *body).poll_frame(cx);
+            let Some((editor, recreated)) = self.editor.as_mut() else {
+                return polled;
+            };
+            return match polled {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => match editor.push(data, recreated.as_ref()) {
+                        Some(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
+                        // Half a message: read on.
+                        None => continue,
+                    },
+                    // Trailers: whatever the editor still holds goes first.
+                    Err(trailers) => match editor.finish() {
+                        Some(rest) => {
+                            self.held = Some(trailers);
+                            Poll::Ready(Some(Ok(Frame::data(rest))))
+                        }
+                        None => Poll::Ready(Some(Ok(trailers))),
+                    },
+                },
+                Poll::Ready(None) => Poll::Ready(editor.finish().map(|rest| Ok(Frame::data(rest)))),
+                other => other,
+            };
+        }
+    }
+}
+
 fn unavailable_message(endpoint: &Endpoint, cause: &dyn Display) -> String {
     format!("runtime endpoint {endpoint} is unavailable: {cause}")
 }
@@ -115,42 +155,7 @@ impl Body for ProxyBody {
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         const UNKNOWN: u32 = 2;
         let this = self.get_mut();
-        let polled = match this.held.take() {
-            Some(frame) => Poll::Ready(Some(Ok(frame))),
-            None => {
-                let Some((body, _)) = this.inner.as_mut() else {
-                    return Poll::Ready(None);
-                };
-                let polled = Pin::new(body).poll_frame(cx);
-                match (&mut this.editor, polled) {
-                    (Some((editor, recreated)), Poll::Ready(Some(Ok(frame)))) => {
-                        match frame.into_data() {
-                            Ok(data) => match editor.push(data, recreated.as_ref()) {
-                                Some(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
-                                None => {
-                                    // Half a message: ask for the rest at once.
-                                    cx.waker().wake_by_ref();
-                                    return Poll::Pending;
-                                }
-                            },
-                            // Trailers: whatever the editor still holds goes first.
-                            Err(frame) => match editor.finish() {
-                                Some(rest) => {
-                                    this.held = Some(frame);
-                                    return Poll::Ready(Some(Ok(Frame::data(rest))));
-                                }
-                                None => Poll::Ready(Some(Ok(frame))),
-                            },
-                        }
-                    }
-                    (Some((editor, _)), Poll::Ready(None)) => match editor.finish() {
-                        Some(rest) => return Poll::Ready(Some(Ok(Frame::data(rest)))),
-                        None => Poll::Ready(None),
-                    },
-                    (_, polled) => polled,
-                }
-            }
-        };
+        let polled = this.poll_edited(cx);
         let (frame, code) = match polled {
             Poll::Pending => return Poll::Pending,
             Poll::Ready(Some(Err(error))) => {

@@ -109,7 +109,7 @@ fn edit_status(status: &[u8], lookup: &dyn Lookup) -> Option<Vec<u8>> {
             .find(|f| f.number == number && f.wire_type == wire_type)
     };
     let state = match last(field::STATUS_STATE, VARINT) {
-        Some(f) => varint(status, &mut f.value.start.clone())?,
+        Some(f) => varint(status, &mut { f.value.start })?,
         None => 0,
     };
     if state != CONTAINER_EXITED {
