@@ -10,7 +10,10 @@
 
 mod body;
 mod endpoint;
+mod frame;
+mod hpack;
 mod listener;
+mod relay;
 mod upstream;
 
 use std::convert::Infallible;
@@ -22,8 +25,8 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::UnixListener;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
 
 use crate::metrics::Metrics;
@@ -33,6 +36,7 @@ use body::Call;
 pub use body::ProxyBody;
 pub use endpoint::{Endpoint, EndpointError};
 pub use listener::{ListenError, Listener};
+use relay::Relay;
 use upstream::Upstream;
 
 /// Where each call goes.
@@ -105,30 +109,15 @@ impl Proxy {
         self
     }
 
-    /// Serves `listener` until `shutdown` resolves, then stops accepting, sends
-    /// GOAWAY on every connection and waits (bounded) for in-flight calls.
+    /// Serves `listener` until `shutdown` resolves, then stops accepting, asks
+    /// every client to go away (GOAWAY) and waits (bounded) for in-flight calls.
     pub async fn serve(&self, listener: UnixListener, shutdown: impl Future<Output = ()>) {
-        let graceful = GracefulShutdown::new();
+        let (stop, stopping) = watch::channel(false);
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
                 accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => {
-                        let routes = Arc::clone(&self.routes);
-                        let conn = Connection::new(&routes, &self.metrics, self.recreated.clone());
-                        let service = service_fn(move |req| {
-                            let conn = Arc::clone(&conn);
-                            async move { Ok::<_, Infallible>(conn.forward(req).await) }
-                        });
-                        let served = graceful.watch(self.server.serve_connection(TokioIo::new(stream), service));
-                        tokio::spawn(async move {
-                            if let Err(error) = served.await {
-                                // A client that speaks something other than HTTP/2, or
-                                // goes away abruptly, only ends its own connection.
-                                debug!(%error, "client connection ended with an error");
-                            }
-                        });
-                    }
+                    Ok((stream, _)) => self.accept(stream, stopping.clone()),
                     Err(error) => {
                         // EMFILE and friends: back off briefly instead of spinning.
                         warn!(%error, "accept failed");
@@ -139,12 +128,96 @@ impl Proxy {
             }
         }
         drop(listener);
+        drop(stopping);
         info!("shutting down: draining in-flight calls");
-        if tokio::time::timeout(self.drain_timeout, graceful.shutdown())
+        let _ = stop.send(true);
+        if tokio::time::timeout(self.drain_timeout, stop.closed())
             .await
             .is_err()
         {
             warn!(timeout = ?self.drain_timeout, "in-flight calls did not finish in time");
+        }
+    }
+
+    /// Serves one client connection: relayed frame by frame onto a runtime
+    /// connection of its own when there is one upstream and it answers;
+    /// otherwise through the terminating path, which answers UNAVAILABLE
+    /// while the runtime is away and hands the client back (GOAWAY) once
+    /// the runtime returns.
+    fn accept(&self, stream: UnixStream, stop: watch::Receiver<bool>) {
+        let routes = Arc::clone(&self.routes);
+        let metrics = Arc::clone(&self.metrics);
+        let recreated = self.recreated.clone();
+        let server = self.server.clone();
+        tokio::spawn(async move {
+            let relayed = routes.image.is_none();
+            if relayed {
+                match UnixStream::connect(routes.runtime.path()).await {
+                    Ok(upstream) => {
+                        let endpoint = routes.runtime.clone();
+                        Relay::new(stream, upstream, endpoint, metrics, recreated)
+                            .run(stop)
+                            .await;
+                        return;
+                    }
+                    Err(error) => {
+                        debug!(endpoint = %routes.runtime, %error, "runtime unreachable");
+                    }
+                }
+            }
+            let returned = Arc::new(Notify::new());
+            let conn = Connection::new(
+                &routes,
+                &metrics,
+                recreated,
+                relayed.then(|| Arc::clone(&returned)),
+            );
+            let service = service_fn(move |req| {
+                let conn = Arc::clone(&conn);
+                async move { Ok::<_, Infallible>(conn.forward(req).await) }
+            });
+            serve_terminated(
+                server.serve_connection(TokioIo::new(stream), service),
+                stop,
+                returned,
+            )
+            .await;
+        });
+    }
+}
+
+/// Drives one terminated client connection until it ends; shutdown, or the
+/// runtime coming back, turns it into a graceful one.
+async fn serve_terminated<S>(
+    served: hyper::server::conn::http2::Connection<TokioIo<UnixStream>, S, TokioExecutor>,
+    mut stop: watch::Receiver<bool>,
+    returned: Arc<Notify>,
+) where
+    S: hyper::service::HttpService<Incoming, ResBody = ProxyBody>,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    tokio::pin!(served);
+    let mut going = false;
+    loop {
+        tokio::select! {
+            ended = served.as_mut() => {
+                if let Err(error) = ended {
+                    // A client that speaks something other than HTTP/2, or
+                    // goes away abruptly, only ends its own connection.
+                    debug!(%error, "client connection ended with an error");
+                }
+                return;
+            }
+            _ = stop.wait_for(|stop| *stop), if !going => {
+                served.as_mut().graceful_shutdown();
+                going = true;
+            }
+            () = returned.notified(), if !going => {
+                // The runtime is back: the client's next connection is relayed.
+                served.as_mut().graceful_shutdown();
+                going = true;
+            }
         }
     }
 }
@@ -168,13 +241,14 @@ impl Connection {
         routes: &Routes,
         metrics: &Arc<Metrics>,
         recreated: Option<Arc<Recreated>>,
+        returned: Option<Arc<Notify>>,
     ) -> Arc<Self> {
         Arc::new(Self {
-            runtime: Upstream::new(routes.runtime.clone(), Arc::clone(metrics)),
+            runtime: Upstream::new(routes.runtime.clone(), Arc::clone(metrics), returned),
             image: routes
                 .image
                 .clone()
-                .map(|image| Upstream::new(image, Arc::clone(metrics))),
+                .map(|image| Upstream::new(image, Arc::clone(metrics), None)),
             metrics: Arc::clone(metrics),
             recreated,
         })

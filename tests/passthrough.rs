@@ -320,3 +320,100 @@ async fn recreated_containers_get_the_crr_reason_and_nothing_else_changes() {
     let proxied = call(&proxy.socket, upstream::FIXED, vec![]).await;
     assert_eq!(proxied, direct);
 }
+
+/// An edit makes an answer longer than what the runtime sent, so the proxy
+/// must keep within the client's flow-control windows itself (h2 fails any
+/// stream or connection a peer overruns). Two clients get every answer whole
+/// and edited: one that grants each stream 40 bytes at a time, and one whose
+/// 64 KiB connection window two 16 MiB answers exhaust again and again while
+/// edited answers go by on the same connection.
+#[tokio::test]
+async fn edited_answers_keep_within_a_tight_client_window() {
+    use crr_proxy::proxy::{Proxy, Routes};
+    use crr_proxy::reason::Recreated;
+    let upstream = FakeUpstream::start();
+    let recreated = std::sync::Arc::new(Recreated::in_memory());
+    recreated
+        .record(upstream::STOPPED_ID, "shop/restart-app")
+        .unwrap();
+    let routes = Routes {
+        runtime: upstream.endpoint(),
+        image: None,
+    };
+    let proxy = ProxyUnderTest::serve(Proxy::new(routes).with_reasons(recreated));
+    let edited = upstream::stopped_status(
+        upstream::STOPPED_ID,
+        Some((
+            "ContainerRecreateRequest",
+            "recreated by ContainerRecreateRequest shop/restart-app",
+        )),
+    );
+    let events: Vec<u8> = (0..upstream::EVENTS)
+        .flat_map(|i| raw::grpc_frame(&upstream::container_event(i, &edited)))
+        .collect();
+    let sandbox = raw::grpc_frame(&upstream::sandbox_status(&edited));
+
+    let big = raw::grpc_frame(&vec![0x42; upstream::BLOB]);
+    for (windows, calls) in [((Some(40), None), 40), ((None, Some(65_535)), 32)] {
+        let edited_answers =
+            mixed_calls(&proxy.socket, windows, calls, &events, &sandbox, &big).await;
+        // Every call but each third one is one of the two edited methods.
+        assert_eq!(edited_answers, calls - calls / 3);
+    }
+}
+
+/// `calls` calls on one connection, cycling through the two edited methods
+/// and FIXED (or, with a tight connection window, BIG for the first two);
+/// checks every answer and returns how many were edited.
+async fn mixed_calls(
+    socket: &std::path::Path,
+    (stream_window, connection_window): (Option<u32>, Option<u32>),
+    calls: usize,
+    events: &[u8],
+    sandbox: &[u8],
+    big: &[u8],
+) -> usize {
+    let sender = raw::connect_with_windows(socket, stream_window, connection_window)
+        .await
+        .unwrap();
+    let calls: Vec<_> = (0..calls)
+        .map(|i| {
+            let mut sender = sender.clone();
+            let path = match i % 3 {
+                0 => upstream::CONTAINER_EVENTS,
+                1 => upstream::SANDBOX_STATUS,
+                _ if connection_window.is_some() && i < 6 => upstream::BIG,
+                _ => upstream::FIXED,
+            };
+            tokio::spawn(async move {
+                let response = raw::send(&mut sender, raw::grpc_request(path, &[], vec![]))
+                    .await
+                    .unwrap();
+                (path, raw::record(response).await.unwrap())
+            })
+        })
+        .collect();
+    let fixed = upstream::fixed_body();
+    let mut edited_answers = 0;
+    for call in calls {
+        let (path, recorded) = tokio::time::timeout(Duration::from_secs(30), call)
+            .await
+            .expect("answered in time")
+            .unwrap();
+        let expected: &[u8] = match path {
+            upstream::CONTAINER_EVENTS => events,
+            upstream::SANDBOX_STATUS => sandbox,
+            upstream::BIG => big,
+            _ => &fixed,
+        };
+        assert!(
+            recorded.data == expected,
+            "{path}: {} bytes differ",
+            recorded.data.len()
+        );
+        assert!(recorded.trailers.is_some(), "{path} ended without trailers");
+        edited_answers +=
+            usize::from(path == upstream::CONTAINER_EVENTS || path == upstream::SANDBOX_STATUS);
+    }
+    edited_answers
+}

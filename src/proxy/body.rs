@@ -141,7 +141,7 @@ impl ProxyBody {
     }
 }
 
-fn unavailable_message(endpoint: &Endpoint, cause: &dyn Display) -> String {
+pub(super) fn unavailable_message(endpoint: &Endpoint, cause: &dyn Display) -> String {
     format!("runtime endpoint {endpoint} is unavailable: {cause}")
 }
 

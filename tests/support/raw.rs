@@ -21,12 +21,28 @@ pub struct Recorded {
 }
 
 pub async fn connect(socket: &Path) -> Result<SendRequest<Full<Bytes>>> {
+    connect_with_windows(socket, None, None).await
+}
+
+/// A client that gives each stream, and the connection, only so many bytes
+/// of credit at a time (h2 enforces them: a peer that sends more is a
+/// flow-control error).
+pub async fn connect_with_windows(
+    socket: &Path,
+    stream_window: Option<u32>,
+    connection_window: Option<u32>,
+) -> Result<SendRequest<Full<Bytes>>> {
     let stream = UnixStream::connect(socket)
         .await
         .with_context(|| format!("connect {}", socket.display()))?;
-    let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-        .handshake(TokioIo::new(stream))
-        .await?;
+    let mut builder = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
+    if let Some(window) = stream_window {
+        builder.initial_stream_window_size(window);
+    }
+    if let Some(window) = connection_window {
+        builder.initial_connection_window_size(window);
+    }
+    let (sender, conn) = builder.handshake(TokioIo::new(stream)).await?;
     tokio::spawn(conn);
     Ok(sender)
 }

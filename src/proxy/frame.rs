@@ -1,0 +1,326 @@
+//! The few HTTP/2 framing facts the relay needs (RFC 9113 §4, §6), and the
+//! HPACK encoding of the one answer it writes itself.
+
+use bytes::{BufMut, BytesMut};
+
+/// What every client sends first.
+pub(super) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+pub(super) const HEAD_LEN: usize = 9;
+
+pub(super) const DATA: u8 = 0x0;
+pub(super) const HEADERS: u8 = 0x1;
+pub(super) const RST_STREAM: u8 = 0x3;
+pub(super) const SETTINGS: u8 = 0x4;
+pub(super) const PUSH_PROMISE: u8 = 0x5;
+pub(super) const GOAWAY: u8 = 0x7;
+pub(super) const WINDOW_UPDATE: u8 = 0x8;
+pub(super) const CONTINUATION: u8 = 0x9;
+
+pub(super) const END_STREAM: u8 = 0x1;
+pub(super) const ACK: u8 = 0x1;
+pub(super) const END_HEADERS: u8 = 0x4;
+pub(super) const PADDED: u8 = 0x8;
+pub(super) const PRIORITY: u8 = 0x20;
+
+pub(super) const SETTINGS_HEADER_TABLE_SIZE: u16 = 0x1;
+pub(super) const SETTINGS_INITIAL_WINDOW_SIZE: u16 = 0x4;
+pub(super) const SETTINGS_MAX_FRAME_SIZE: u16 = 0x5;
+
+/// Defaults until a SETTINGS frame says otherwise.
+pub(super) const DEFAULT_WINDOW: i64 = 65_535;
+pub(super) const DEFAULT_MAX_FRAME: usize = 16_384;
+
+/// `NO_ERROR`, as GOAWAY carries it.
+pub(super) const NO_ERROR: u32 = 0x0;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub(super) enum FrameError {
+    #[error("frame of type {kind:#x} on stream {stream} is malformed")]
+    Malformed { kind: u8, stream: u32 },
+}
+
+/// A frame header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Head {
+    pub len: usize,
+    pub kind: u8,
+    pub flags: u8,
+    pub stream: u32,
+}
+
+impl Head {
+    /// The header at the start of `buf`, if nine bytes are there.
+    pub fn parse(buf: &[u8]) -> Option<Self> {
+        let b: &[u8; HEAD_LEN] = buf.get(..HEAD_LEN)?.try_into().ok()?;
+        Some(Self {
+            len: usize::from(b[0]) << 16 | usize::from(b[1]) << 8 | usize::from(b[2]),
+            kind: b[3],
+            flags: b[4],
+            stream: u32::from_be_bytes([b[5], b[6], b[7], b[8]]) & 0x7fff_ffff,
+        })
+    }
+
+    pub fn encode(&self, out: &mut BytesMut) {
+        let len = u32::try_from(self.len).unwrap_or(u32::MAX).to_be_bytes();
+        out.extend_from_slice(&len[1..]);
+        out.put_u8(self.kind);
+        out.put_u8(self.flags);
+        out.put_u32(self.stream);
+    }
+
+    fn malformed(&self) -> FrameError {
+        FrameError::Malformed {
+            kind: self.kind,
+            stream: self.stream,
+        }
+    }
+
+    /// Where a DATA frame's data lies in its payload (padding excluded).
+    pub fn data(&self, payload: &[u8]) -> Result<std::ops::Range<usize>, FrameError> {
+        let data = self.unpadded(payload)?;
+        let start = usize::from(self.flags & PADDED != 0);
+        Ok(start..start + data.len())
+    }
+
+    /// The header block fragment of a HEADERS or CONTINUATION frame.
+    pub fn fragment<'a>(&self, payload: &'a [u8]) -> Result<&'a [u8], FrameError> {
+        if self.kind == CONTINUATION {
+            return Ok(payload);
+        }
+        let unpadded = self.unpadded(payload)?;
+        if self.flags & PRIORITY != 0 {
+            // Stream dependency (4) and weight (1).
+            return unpadded.get(5..).ok_or_else(|| self.malformed());
+        }
+        Ok(unpadded)
+    }
+
+    fn unpadded<'a>(&self, payload: &'a [u8]) -> Result<&'a [u8], FrameError> {
+        if self.flags & PADDED == 0 {
+            return Ok(payload);
+        }
+        let (&pad, rest) = payload.split_first().ok_or_else(|| self.malformed())?;
+        rest.len()
+            .checked_sub(usize::from(pad))
+            .map(|end| &rest[..end])
+            .ok_or_else(|| self.malformed())
+    }
+
+    /// The settings in a SETTINGS frame's payload, as (identifier, value).
+    pub fn settings<'a>(
+        &self,
+        payload: &'a [u8],
+    ) -> Result<impl Iterator<Item = (u16, u32)> + 'a, FrameError> {
+        if payload.len() % 6 != 0 {
+            return Err(self.malformed());
+        }
+        Ok(payload.chunks_exact(6).map(|s| {
+            (
+                u16::from_be_bytes([s[0], s[1]]),
+                u32::from_be_bytes([s[2], s[3], s[4], s[5]]),
+            )
+        }))
+    }
+
+    /// A WINDOW_UPDATE frame's increment.
+    pub fn increment(&self, payload: &[u8]) -> Result<u32, FrameError> {
+        let b: &[u8; 4] = payload.try_into().map_err(|_| self.malformed())?;
+        Ok(u32::from_be_bytes(*b) & 0x7fff_ffff)
+    }
+}
+
+pub(super) fn window_update(stream: u32, increment: u32, out: &mut BytesMut) {
+    Head {
+        len: 4,
+        kind: WINDOW_UPDATE,
+        flags: 0,
+        stream,
+    }
+    .encode(out);
+    out.put_u32(increment);
+}
+
+pub(super) fn goaway(last_stream: u32, code: u32, out: &mut BytesMut) {
+    Head {
+        len: 8,
+        kind: GOAWAY,
+        flags: 0,
+        stream: 0,
+    }
+    .encode(out);
+    out.put_u32(last_stream);
+    out.put_u32(code);
+}
+
+/// The gRPC status a stream ends with when the runtime went away under it:
+/// trailers after a response's headers, or a whole trailers-only answer.
+///
+/// Every field is a literal that is not indexed (or a static-table index),
+/// so the client's HPACK table is left exactly as the runtime's encoder
+/// believes it to be.
+pub(super) fn grpc_status_frame(
+    stream: u32,
+    headers_sent: bool,
+    code: u32,
+    message: &str,
+) -> BytesMut {
+    let mut block = BytesMut::new();
+    if !headers_sent {
+        // Static table index 8 is `:status: 200`.
+        block.put_u8(0x80 | 8);
+        literal(&mut block, b"content-type", b"application/grpc");
+    }
+    literal(&mut block, b"grpc-status", code.to_string().as_bytes());
+    literal(
+        &mut block,
+        b"grpc-message",
+        percent_encode(message).as_bytes(),
+    );
+    let mut out = BytesMut::with_capacity(HEAD_LEN + block.len());
+    Head {
+        len: block.len(),
+        kind: HEADERS,
+        flags: END_STREAM | END_HEADERS,
+        stream,
+    }
+    .encode(&mut out);
+    out.extend_from_slice(&block);
+    out
+}
+
+/// A "literal header field without indexing, new name" (RFC 7541 §6.2.2),
+/// without Huffman coding.
+fn literal(out: &mut BytesMut, name: &[u8], value: &[u8]) {
+    out.put_u8(0);
+    string(out, name);
+    string(out, value);
+}
+
+fn string(out: &mut BytesMut, s: &[u8]) {
+    // A 7-bit prefix integer (RFC 7541 §5.1) with the Huffman bit clear.
+    let mut n = s.len();
+    if n < 127 {
+        out.put_u8(n as u8);
+    } else {
+        out.put_u8(127);
+        n -= 127;
+        while n >= 128 {
+            out.put_u8((n % 128) as u8 | 0x80);
+            n /= 128;
+        }
+        out.put_u8(n as u8);
+    }
+    out.extend_from_slice(s);
+}
+
+/// gRPC's percent-encoding of `grpc-message`: printable ASCII but `%` as is.
+fn percent_encode(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    for b in message.bytes() {
+        if (0x20..=0x7e).contains(&b) && b != b'%' {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fields of `block`, checking that it left the table empty.
+    fn decode(block: &[u8]) -> Vec<(String, String)> {
+        let mut decoder = super::super::hpack::Decoder::new();
+        let mut out = Vec::new();
+        decoder
+            .decode(block, |n, v| {
+                out.push((
+                    String::from_utf8_lossy(n).into_owned(),
+                    String::from_utf8_lossy(v).into_owned(),
+                ));
+            })
+            .unwrap();
+        assert_eq!(decoder.entries(), 0);
+        out
+    }
+
+    #[test]
+    fn heads_round_trip() {
+        let head = Head {
+            len: 0x01_02_03,
+            kind: HEADERS,
+            flags: END_HEADERS | END_STREAM,
+            stream: 0x7fff_fffd,
+        };
+        let mut out = BytesMut::new();
+        head.encode(&mut out);
+        assert_eq!(out.len(), HEAD_LEN);
+        assert_eq!(Head::parse(&out), Some(head));
+        assert_eq!(Head::parse(&out[..8]), None);
+        // The reserved bit is ignored on receipt.
+        out[5] |= 0x80;
+        assert_eq!(Head::parse(&out).unwrap().stream, 0x7fff_fffd);
+    }
+
+    #[test]
+    fn padding_and_priority_are_stripped_and_checked() {
+        let padded = Head {
+            len: 6,
+            kind: HEADERS,
+            flags: PADDED | PRIORITY | END_HEADERS,
+            stream: 1,
+        };
+        // Pad length 2, priority (5 bytes) ... too short for both.
+        assert!(padded.fragment(&[2, 0, 0, 0, 0, 0]).is_err());
+        let payload = [1, 0, 0, 0, 3, 16, 0x82, 0];
+        assert_eq!(padded.fragment(&payload).unwrap(), &[0x82]);
+        let data = Head {
+            len: 4,
+            kind: DATA,
+            flags: PADDED,
+            stream: 1,
+        };
+        assert_eq!(data.data(&[2, 7, 0, 0]).unwrap(), 1..2);
+        assert!(data.data(&[9, 7]).is_err());
+        assert!(data.data(&[]).is_err());
+    }
+
+    #[test]
+    fn settings_and_window_updates_parse() {
+        let head = Head {
+            len: 12,
+            kind: SETTINGS,
+            flags: 0,
+            stream: 0,
+        };
+        let payload = [0, 4, 0, 1, 0, 0, 0, 5, 0, 0, 64, 0];
+        let settings: Vec<_> = head.settings(&payload).unwrap().collect();
+        assert_eq!(settings, [(4, 65_536), (5, 16_384)]);
+        assert!(head.settings(&payload[..7]).is_err());
+        let mut out = BytesMut::new();
+        window_update(3, 1000, &mut out);
+        let parsed = Head::parse(&out).unwrap();
+        assert_eq!(parsed.increment(&out[HEAD_LEN..]), Ok(1000));
+        assert!(parsed.increment(&out[HEAD_LEN..12]).is_err());
+    }
+
+    #[test]
+    fn the_status_answer_decodes_and_leaves_the_table_alone() {
+        let long = "x".repeat(300);
+        let frame = grpc_status_frame(7, false, 14, &format!("gone 100% {long}\n"));
+        let head = Head::parse(&frame).unwrap();
+        assert_eq!(head.flags, END_STREAM | END_HEADERS);
+        let fields = decode(&frame[HEAD_LEN..]);
+        assert_eq!(fields[0], (":status".into(), "200".into()));
+        assert_eq!(
+            fields[1],
+            ("content-type".into(), "application/grpc".into())
+        );
+        assert_eq!(fields[2], ("grpc-status".into(), "14".into()));
+        assert_eq!(fields[3].1, format!("gone 100%25 {long}%0A"));
+        let trailers = grpc_status_frame(7, true, 14, "gone");
+        assert_eq!(decode(&trailers[HEAD_LEN..]).len(), 2);
+    }
+}
