@@ -164,6 +164,17 @@ pub fn crr_json(data: &[u8]) {
     assert_eq!(states.len(), crr.spec.containers.len());
 }
 
+/// HPACK header blocks (first byte: block size), as the relay decodes them
+/// from both sides of every connection.
+pub fn hpack(data: &[u8]) {
+    crate::proxy::hpack::fuzz(data);
+}
+
+/// Both sides of a relayed connection at once (see `proxy::relay::fuzz`).
+pub fn relay_frames(data: &[u8]) {
+    crate::proxy::relay::fuzz(data);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -232,7 +243,9 @@ mod tests {
     #[test]
     fn every_target_survives_its_corpus_and_noise() {
         type Target = (&'static str, fn(&[u8]));
-        let targets: [Target; 4] = [
+        let targets: [Target; 6] = [
+            ("hpack", hpack),
+            ("relay_frames", relay_frames),
             ("wire_edit", wire_edit),
             ("editor_stream", editor_stream),
             ("kubelet_annotations", kubelet_annotations),

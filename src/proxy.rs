@@ -11,9 +11,9 @@
 mod body;
 mod endpoint;
 mod frame;
-mod hpack;
+pub(crate) mod hpack;
 mod listener;
-mod relay;
+pub(crate) mod relay;
 mod upstream;
 
 use std::convert::Infallible;

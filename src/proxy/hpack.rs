@@ -348,6 +348,27 @@ fn huffman_decode(raw: &[u8]) -> Result<Vec<u8>, HpackError> {
     }
 }
 
+/// The fuzz target `hpack` (see `fuzzing`): blocks of `data[0]` bytes each,
+/// through one decoder. Errors are fine; panics and a table over its size
+/// are not.
+pub(crate) fn fuzz(data: &[u8]) {
+    let Some((&size, blocks)) = data.split_first() else {
+        return;
+    };
+    let mut decoder = Decoder::new();
+    decoder.allow(usize::from(size) * 64);
+    for block in blocks.chunks(usize::from(size.max(1))) {
+        let _ = decoder.decode(block, |_, _| {});
+        let used: usize = decoder
+            .table
+            .iter()
+            .map(|(n, v)| n.len() + v.len() + ENTRY_OVERHEAD)
+            .sum();
+        assert_eq!(used, decoder.size);
+        assert!(decoder.size <= decoder.max_size);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

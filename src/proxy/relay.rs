@@ -908,3 +908,150 @@ fn credit(out: &mut BytesMut, stream: u32, received: u32, stream_open: bool) {
         frame::window_update(stream, received, out);
     }
 }
+
+/// The fuzz target `relay_frames` (see `fuzzing`): both sides' bytes, as
+/// records of a direction bit and a 15-bit length, fed to one relay whose
+/// record says container `abc` was recreated. Whatever comes in, the relay
+/// writes whole frames or gives up on the connection; it never panics.
+pub(crate) fn fuzz(data: &[u8]) {
+    let _ = feed(data);
+}
+
+/// What a relay writes to the client and to the runtime for `data` (see
+/// `fuzz`), the runtime's end included; `None` if it gave up.
+fn feed(data: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+    let recreated = Arc::new(Recreated::in_memory());
+    recreated.record("abc", "fuzz/crr").ok()?;
+    let endpoint = Endpoint::from_path("/fuzz.sock");
+    let mut state = State::new(endpoint, Arc::default(), Some(recreated));
+    state.from_client.extend_from_slice(frame::PREFACE);
+    let (mut to_client, mut to_upstream) = (Vec::new(), Vec::new());
+    let mut rest = data;
+    while let [high, low, tail @ ..] = rest {
+        let len = (usize::from(high & 0x7f) << 8 | usize::from(*low)).min(tail.len());
+        let (chunk, tail) = tail.split_at(len);
+        rest = tail;
+        let fed = match high & 0x80 {
+            0 => {
+                state.from_client.extend_from_slice(chunk);
+                state.client_frames()
+            }
+            _ => {
+                state.from_upstream.extend_from_slice(chunk);
+                state.upstream_frames()
+            }
+        };
+        fed.ok()?;
+        to_client.extend_from_slice(&state.to_client.split());
+        to_upstream.extend_from_slice(&state.to_upstream.split());
+    }
+    state.upstream_gone();
+    to_client.extend_from_slice(&state.to_client.split());
+    let upstream = to_upstream
+        .strip_prefix(frame::PREFACE)
+        .unwrap_or(&to_upstream);
+    assert!(whole_frames(upstream), "partial frame to the runtime");
+    assert!(whole_frames(&to_client), "partial frame to the client");
+    Some((to_client, to_upstream))
+}
+
+fn whole_frames(mut buf: &[u8]) -> bool {
+    while let Some(head) = Head::parse(buf) {
+        match buf.get(HEAD_LEN + head.len..) {
+            Some(rest) => buf = rest,
+            None => return false,
+        }
+    }
+    buf.is_empty()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seed(name: &str) -> Vec<u8> {
+        let path = format!(
+            "{}/fuzz/corpus/relay_frames/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        std::fs::read(path).unwrap()
+    }
+
+    fn frames(mut buf: &[u8]) -> Vec<(Head, Vec<u8>)> {
+        let mut out = Vec::new();
+        while let Some(head) = Head::parse(buf) {
+            out.push((head, buf[HEAD_LEN..HEAD_LEN + head.len].to_vec()));
+            buf = &buf[HEAD_LEN + head.len..];
+        }
+        out
+    }
+
+    fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+        haystack.windows(needle.len()).any(|w| w == needle)
+    }
+
+    /// A ContainerStatus answer about a recreated container: the client
+    /// gets the edited status, and the runtime gets its credit back from the
+    /// relay (the client's own stream credit is not forwarded).
+    #[test]
+    fn an_edited_answer_is_rewritten_and_credited() {
+        let (to_client, to_upstream) = feed(&seed("unary_edit")).unwrap();
+        assert!(contains(&to_client, crate::reason::REASON.as_bytes()));
+        assert!(!contains(&to_client, b"Error"));
+        let updates: Vec<(u32, u32)> = frames(to_upstream.strip_prefix(frame::PREFACE).unwrap())
+            .into_iter()
+            .filter(|(h, _)| h.kind == frame::WINDOW_UPDATE)
+            .map(|(h, p)| (h.stream, h.increment(&p).unwrap()))
+            .collect();
+        // The relay credits the runtime for the DATA frame it received, on
+        // the connection and the stream. The client's connection credit
+        // covers the edited bytes it got, which the relay already paid for,
+        // so only the rest goes on; its credit for the stream, over by then,
+        // passes as it came.
+        let data_len = frames(&to_client)
+            .iter()
+            .filter(|(h, _)| h.kind == frame::DATA)
+            .map(|(h, _)| h.len as u32)
+            .sum::<u32>();
+        assert_eq!(updates.len(), 4, "{updates:?}");
+        assert_eq!(updates[..2], [(0, updates[0].1), (1, updates[0].1)]);
+        assert!(data_len > updates[0].1, "the edit made the answer longer");
+        assert_eq!(updates[2], (0, 1000 - data_len));
+        assert_eq!(updates[3], (1, 1000));
+    }
+
+    /// With a 10-byte stream window, the edited answer reaches the client
+    /// in pieces that each fit, split and padded input notwithstanding.
+    #[test]
+    fn a_tight_window_gets_the_answer_in_pieces() {
+        let (to_client, _) = feed(&seed("tight_window")).unwrap();
+        let data: Vec<_> = frames(&to_client)
+            .into_iter()
+            .filter(|(h, _)| h.kind == frame::DATA)
+            .collect();
+        assert!(data.len() > 10);
+        assert!(data.iter().all(|(h, _)| h.len <= 16));
+        let body: Vec<u8> = data.into_iter().flat_map(|(_, p)| p).collect();
+        assert!(contains(&body, crate::reason::REASON.as_bytes()));
+    }
+
+    /// The runtime going away answers the open call UNAVAILABLE and tells
+    /// the client to go.
+    #[test]
+    fn the_runtime_going_away_ends_open_calls_unavailable() {
+        let (to_client, _) = feed(&seed("reset_then_gone")).unwrap();
+        let frames = frames(&to_client);
+        let last = frames.last().unwrap();
+        assert_eq!(last.0.kind, frame::GOAWAY);
+        // Stream 1 was reset by the client; stream 3 was still open.
+        let status = frames
+            .iter()
+            .find(|(h, _)| h.kind == frame::HEADERS && h.stream == 3)
+            .unwrap();
+        assert!(contains(&status.1, b"grpc-status"));
+        assert!(contains(&status.1, b"14"));
+        assert!(!frames.iter().any(|(h, _)| h.kind == frame::HEADERS
+            && h.stream == 1
+            && h.flags & frame::END_STREAM != 0));
+    }
+}
