@@ -14,6 +14,7 @@ mod frame;
 pub(crate) mod hpack;
 mod listener;
 pub(crate) mod relay;
+mod socket;
 mod upstream;
 
 use std::convert::Infallible;
@@ -155,9 +156,10 @@ impl Proxy {
                 match UnixStream::connect(routes.runtime.path()).await {
                     Ok(upstream) => {
                         let endpoint = routes.runtime.clone();
-                        Relay::new(stream, upstream, endpoint, metrics, recreated)
-                            .run(stop)
-                            .await;
+                        match Relay::new(stream, upstream, endpoint, metrics, recreated) {
+                            Ok(relay) => relay.run(stop).await,
+                            Err(error) => warn!(%error, "could not register a connection"),
+                        }
                         return;
                     }
                     Err(error) => {

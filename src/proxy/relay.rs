@@ -20,15 +20,12 @@
 //! answers use only literals without indexing and a static-table entry.
 
 use std::collections::{HashMap, VecDeque};
-use std::future::Future;
 use std::future::poll_fn;
 use std::io;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWrite};
 use tokio::net::UnixStream;
 use tokio::sync::watch;
 use tracing::debug;
@@ -37,14 +34,13 @@ use super::Endpoint;
 use super::body::{Call, unavailable_message};
 use super::frame::{self, FrameError, HEAD_LEN, Head};
 use super::hpack::{self, HpackError};
+use super::socket::{Inbox, Socket};
 use crate::metrics::Metrics;
 use crate::reason::{Editor, Recreated, StatusResponse};
 
 /// How much the relay buffers towards one side before it stops reading
 /// from the other: the far end's own flow control keeps it well below this.
 const HIGH_WATER: usize = 256 << 10;
-/// Reads are at least this large.
-const READ_CHUNK: usize = 16 << 10;
 /// A request's header block: well above gRPC's needs, far below what would
 /// let one client pin much memory.
 const MAX_REQUEST_BLOCK: usize = 1 << 20;
@@ -76,8 +72,8 @@ pub(super) enum RelayError {
 
 /// One client connection and its runtime connection.
 pub(super) struct Relay {
-    client: UnixStream,
-    upstream: UnixStream,
+    client: Socket,
+    upstream: Socket,
     state: State,
 }
 
@@ -88,12 +84,12 @@ impl Relay {
         endpoint: Endpoint,
         metrics: Arc<Metrics>,
         recreated: Option<Arc<Recreated>>,
-    ) -> Self {
-        Self {
-            client,
-            upstream,
+    ) -> io::Result<Self> {
+        Ok(Self {
+            client: Socket::new(client)?,
+            upstream: Socket::new(upstream)?,
             state: State::new(endpoint, metrics, recreated),
-        }
+        })
     }
 
     /// Relays until either side goes away; once `shutdown` turns true, asks
@@ -129,9 +125,12 @@ impl Relay {
             if state.upstream_broken {
                 state.to_upstream.clear();
             } else if !state.to_upstream.is_empty() {
-                match Pin::new(&mut *upstream).poll_write(cx, &state.to_upstream) {
+                match upstream.poll_write(cx, &state.to_upstream) {
                     Poll::Ready(Ok(n)) => {
                         state.to_upstream.advance(n);
+                        if state.to_upstream.is_empty() && upstream.drained().is_err() {
+                            state.upstream_broken = true;
+                        }
                         progress = true;
                     }
                     // The runtime closed: what it sent before still reaches
@@ -145,12 +144,15 @@ impl Relay {
             } else if state.client_eof && !state.upstream_shut {
                 // The client finished: let the runtime see it too.
                 state.upstream_shut = true;
-                let _ = Pin::new(&mut *upstream).poll_shutdown(cx);
+                upstream.shutdown_write();
             }
             if !state.to_client.is_empty() {
-                match Pin::new(&mut *client).poll_write(cx, &state.to_client) {
+                match client.poll_write(cx, &state.to_client) {
                     Poll::Ready(Ok(n)) => {
                         state.to_client.advance(n);
+                        if state.to_client.is_empty() && client.drained().is_err() {
+                            return Poll::Ready(Ok(()));
+                        }
                         progress = true;
                     }
                     Poll::Ready(Err(_)) => return Poll::Ready(Ok(())),
@@ -161,7 +163,7 @@ impl Relay {
                 return Poll::Ready(Ok(()));
             }
             if !state.client_eof && state.to_upstream.len() < HIGH_WATER {
-                match read(client, &mut state.from_client, cx) {
+                match client.poll_read(cx, &mut state.from_client) {
                     Poll::Ready(Ok(0)) => {
                         state.client_eof = true;
                         progress = true;
@@ -175,7 +177,7 @@ impl Relay {
                 }
             }
             if !state.upstream_eof && state.to_client.len() + state.held_bytes < HIGH_WATER {
-                match read(upstream, &mut state.from_upstream, cx) {
+                match upstream.poll_read(cx, &mut state.from_upstream) {
                     Poll::Ready(Ok(0) | Err(_)) => {
                         state.upstream_gone();
                         progress = true;
@@ -192,17 +194,6 @@ impl Relay {
             }
         }
     }
-}
-
-/// One read into `buf`'s spare room (at least `READ_CHUNK` of it). A short
-/// read tells tokio the socket is drained, which saves a futile `recvfrom`.
-fn read(
-    stream: &mut UnixStream,
-    buf: &mut BytesMut,
-    cx: &mut Context<'_>,
-) -> Poll<io::Result<usize>> {
-    buf.reserve(READ_CHUNK);
-    std::pin::pin!(stream.read_buf(buf)).poll(cx)
 }
 
 /// A frame on its way to the client, held until the client's flow-control
@@ -357,8 +348,8 @@ struct State {
     endpoint: Endpoint,
     metrics: Arc<Metrics>,
     recreated: Option<Arc<Recreated>>,
-    from_client: BytesMut,
-    from_upstream: BytesMut,
+    from_client: Inbox,
+    from_upstream: Inbox,
     to_upstream: BytesMut,
     to_client: BytesMut,
     preface_seen: bool,
@@ -394,8 +385,8 @@ impl State {
             endpoint,
             metrics,
             recreated,
-            from_client: BytesMut::new(),
-            from_upstream: BytesMut::new(),
+            from_client: Inbox::default(),
+            from_upstream: Inbox::default(),
             to_upstream: BytesMut::new(),
             to_client: BytesMut::new(),
             preface_seen: false,
@@ -432,32 +423,38 @@ impl State {
     // --- client to runtime ---
 
     fn client_frames(&mut self) -> Result<(), RelayError> {
+        // Taken out while its frames are handled, which need `self`.
+        let mut inbox = std::mem::take(&mut self.from_client);
+        let handled = self.client_frames_in(&mut inbox);
+        self.from_client = inbox;
+        handled
+    }
+
+    fn client_frames_in(&mut self, inbox: &mut Inbox) -> Result<(), RelayError> {
         if !self.preface_seen {
-            let n = self.from_client.len().min(frame::PREFACE.len());
-            if self.from_client[..n] != frame::PREFACE[..n] {
+            let n = inbox.len().min(frame::PREFACE.len());
+            if inbox.data()[..n] != frame::PREFACE[..n] {
                 return Err(RelayError::Preface);
             }
             if n < frame::PREFACE.len() {
                 return Ok(());
             }
-            let preface = self.from_client.split_to(n);
-            self.to_upstream.extend_from_slice(&preface);
+            self.to_upstream.extend_from_slice(frame::PREFACE);
+            inbox.consume(n);
             self.preface_seen = true;
         }
-        while let Some(head) = Head::parse(&self.from_client) {
+        while let Some(head) = Head::parse(inbox.data()) {
             if head.len > self.upstream_max_frame {
                 return Err(RelayError::FrameTooLarge {
                     len: head.len,
                     limit: self.upstream_max_frame,
                 });
             }
-            if self.from_client.len() < HEAD_LEN + head.len {
-                self.from_client
-                    .reserve(HEAD_LEN + head.len - self.from_client.len());
+            let Some(frame) = inbox.data().get(..HEAD_LEN + head.len) else {
                 break;
-            }
-            let frame = self.from_client.split_to(HEAD_LEN + head.len);
-            self.client_frame(head, &frame)?;
+            };
+            self.client_frame(head, frame)?;
+            inbox.consume(HEAD_LEN + head.len);
         }
         Ok(())
     }
@@ -570,23 +567,28 @@ impl State {
     // --- runtime to client ---
 
     fn upstream_frames(&mut self) -> Result<(), RelayError> {
+        let mut inbox = std::mem::take(&mut self.from_upstream);
+        let handled = self.upstream_frames_in(&mut inbox);
+        self.from_upstream = inbox;
+        handled
+    }
+
+    fn upstream_frames_in(&mut self, inbox: &mut Inbox) -> Result<(), RelayError> {
         // The client's limit; a runtime frame above it would be an error
         // at the client anyway, and this bounds what the relay buffers.
         let limit = self.client_max_frame.max(frame::DEFAULT_MAX_FRAME);
-        while let Some(head) = Head::parse(&self.from_upstream) {
+        while let Some(head) = Head::parse(inbox.data()) {
             if head.len > limit {
                 return Err(RelayError::FrameTooLarge {
                     len: head.len,
                     limit,
                 });
             }
-            if self.from_upstream.len() < HEAD_LEN + head.len {
-                self.from_upstream
-                    .reserve(HEAD_LEN + head.len - self.from_upstream.len());
+            let Some(frame) = inbox.data().get(..HEAD_LEN + head.len) else {
                 break;
-            }
-            let frame = self.from_upstream.split_to(HEAD_LEN + head.len).freeze();
+            };
             self.upstream_frame(head, frame)?;
+            inbox.consume(HEAD_LEN + head.len);
             if matches!(self.drain, Drain::Due) && self.responses.pending.is_none() {
                 self.send_goaway();
             }
@@ -594,7 +596,7 @@ impl State {
         Ok(())
     }
 
-    fn upstream_frame(&mut self, head: Head, frame: Bytes) -> Result<(), RelayError> {
+    fn upstream_frame(&mut self, head: Head, frame: &[u8]) -> Result<(), RelayError> {
         if self.responses.pending.is_some() && head.kind != frame::CONTINUATION {
             return Err(RelayError::Interleaved(head.kind));
         }
@@ -656,7 +658,7 @@ impl State {
         }
     }
 
-    fn upstream_data(&mut self, head: Head, frame: Bytes) -> Result<(), RelayError> {
+    fn upstream_data(&mut self, head: Head, frame: &[u8]) -> Result<(), RelayError> {
         let end_stream = head.flags & frame::END_STREAM != 0;
         let edit = self
             .streams
@@ -666,13 +668,13 @@ impl State {
             if self.held.is_empty() && self.room(head.stream, false) >= head.len {
                 // The common case: the frame goes on as it came.
                 self.spend(head.len, head.stream, false);
-                self.to_client.extend_from_slice(&frame);
+                self.to_client.extend_from_slice(frame);
             } else {
                 let range = head.data(&frame[HEAD_LEN..])?;
                 self.send_data(Data {
                     stream: head.stream,
                     padding: head.len - range.len(),
-                    data: frame.slice(HEAD_LEN + range.start..HEAD_LEN + range.end),
+                    data: Bytes::copy_from_slice(&frame[HEAD_LEN..][range]),
                     end_stream,
                     edited: false,
                 });
@@ -684,7 +686,7 @@ impl State {
             return Ok(());
         };
         let range = head.data(&frame[HEAD_LEN..])?;
-        let data = frame.slice(HEAD_LEN + range.start..HEAD_LEN + range.end);
+        let data = Bytes::copy_from_slice(&frame[HEAD_LEN..][range]);
         let mut out = edit
             .editor
             .push(data, edit.recreated.as_ref())
@@ -725,12 +727,13 @@ impl State {
         }
     }
 
-    fn send_frame(&mut self, frame: Bytes) {
+    fn send_frame(&mut self, frame: &[u8]) {
         if self.held.is_empty() {
-            self.to_client.extend_from_slice(&frame);
+            self.to_client.extend_from_slice(frame);
         } else {
             self.held_bytes += frame.len();
-            self.held.push_back(Held::Frame(frame));
+            self.held
+                .push_back(Held::Frame(Bytes::copy_from_slice(frame)));
         }
     }
 
@@ -893,7 +896,7 @@ impl State {
         self.drain = Drain::Sent;
         let mut out = BytesMut::new();
         frame::goaway(u32::MAX >> 1, frame::NO_ERROR, &mut out);
-        self.send_frame(out.freeze());
+        self.send_frame(&out);
     }
 }
 
@@ -924,7 +927,7 @@ fn feed(data: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
     recreated.record("abc", "fuzz/crr").ok()?;
     let endpoint = Endpoint::from_path("/fuzz.sock");
     let mut state = State::new(endpoint, Arc::default(), Some(recreated));
-    state.from_client.extend_from_slice(frame::PREFACE);
+    state.from_client.extend(frame::PREFACE);
     let (mut to_client, mut to_upstream) = (Vec::new(), Vec::new());
     let mut rest = data;
     while let [high, low, tail @ ..] = rest {
@@ -933,11 +936,11 @@ fn feed(data: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
         rest = tail;
         let fed = match high & 0x80 {
             0 => {
-                state.from_client.extend_from_slice(chunk);
+                state.from_client.extend(chunk);
                 state.client_frames()
             }
             _ => {
-                state.from_upstream.extend_from_slice(chunk);
+                state.from_upstream.extend(chunk);
                 state.upstream_frames()
             }
         };
