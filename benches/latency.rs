@@ -8,7 +8,10 @@
 //! (one client, one call at a time) and 64 (64 calls in flight on one
 //! connection, as kubelet multiplexes). Rounds of the three targets are
 //! interleaved, so machine drift cancels out of the ratios. Then crr-proxy's
-//! RSS and its CPU seconds per 100 000 calls.
+//! RSS, its CPU seconds per 100 000 calls and socat's. With
+//! `CRR_BENCH_PYTHON` (a Python with grpcio, as `scripts/bench.sh` sets up),
+//! `benches/grpc_client.py` measures the same targets from a second,
+//! independent client.
 //!
 //! The agent: crr-proxy `--agent kruise` against the tests' fake API server
 //! and kubelet role. The time from creating a CRR (no preStop) to its
@@ -67,7 +70,7 @@ fn main() -> anyhow::Result<()> {
             .args(["--metrics-addr", "off"]),
     )?;
     let socat_socket = support::temp_socket("bench-socat");
-    let _socat = Spawned::new(
+    let socat = Spawned::new(
         Command::new("socat")
             .arg(format!("UNIX-LISTEN:{},fork", socat_socket.display()))
             .arg(format!("UNIX-CONNECT:{}", ctrd.socket().display())),
@@ -82,7 +85,8 @@ fn main() -> anyhow::Result<()> {
     ];
 
     println!("# data path: {CONTAINERS} containers; interleaved rounds of {ROUNDS}");
-    let cpu_before = cpu_seconds(proxy.id());
+    let cpu_before = cpu_seconds(proxy.id(), false);
+    let socat_cpu_before = cpu_seconds(socat.id(), true);
     let mut proxied = 0;
     for concurrency in [1, CONCURRENCY] {
         let per_target = if concurrency == 1 { calls } else { calls * 4 };
@@ -97,12 +101,35 @@ fn main() -> anyhow::Result<()> {
             proxied += per_target;
         }
     }
-    let cpu = cpu_seconds(proxy.id()) - cpu_before;
+    let cpu = cpu_seconds(proxy.id(), false) - cpu_before;
     println!(
         "crr-proxy: RSS {:.1} MiB after the load; CPU {:.2} s per 100 000 calls ({proxied} calls, {cpu:.2} s)",
         rss_mib(proxy.id()),
         cpu / proxied as f64 * 100_000.0
     );
+    // socat forks a child per connection; the parent counts the CPU of
+    // children it has reaped, once the clients have gone.
+    std::thread::sleep(Duration::from_millis(500));
+    let socat_cpu = cpu_seconds(socat.id(), true) - socat_cpu_before;
+    println!(
+        "socat: CPU {:.2} s per 100 000 calls",
+        socat_cpu / proxied as f64 * 100_000.0
+    );
+    if let Some(python) = std::env::var_os("CRR_BENCH_PYTHON") {
+        println!("# the same targets, one call at a time, from a Python grpcio client");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/grpc_client.py");
+        let status = Command::new(python)
+            .arg(script)
+            .arg(calls.to_string())
+            .arg(&some_container)
+            .args(
+                targets
+                    .iter()
+                    .map(|(name, endpoint)| format!("{name}={}", endpoint.path().display())),
+            )
+            .status()?;
+        anyhow::ensure!(status.success(), "the grpcio client failed: {status}");
+    }
     drop(proxy);
 
     if crrs > 0 {
@@ -495,7 +522,8 @@ fn rss_mib(pid: u32) -> f64 {
 }
 
 /// User + system CPU seconds of `pid` so far.
-fn cpu_seconds(pid: u32) -> f64 {
+/// A process's CPU seconds, with those of the children it has waited for.
+fn cpu_seconds(pid: u32, children: bool) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the command name (which may hold spaces) start at state.
     let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
@@ -506,8 +534,11 @@ fn cpu_seconds(pid: u32) -> f64 {
             .and_then(|v| v.parse::<f64>().ok())
             .unwrap_or(0.0)
     };
-    // utime and stime are fields 14 and 15 of the full line: 11 and 12 here.
-    (ticks(11) + ticks(12)) / 100.0
+    // utime, stime, cutime, cstime are fields 14 to 17 of the full line:
+    // 11 to 14 here.
+    let own = ticks(11) + ticks(12);
+    let reaped = if children { ticks(13) + ticks(14) } else { 0.0 };
+    (own + reaped) / 100.0
 }
 
 /// A child process killed when dropped.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The benchmark in one command: installs containerd, runc, busybox-static
-# and socat when missing, then runs benches/latency.rs (release build),
-# which starts its own private containerd. As root.
+# and socat when missing, and grpcio in a virtualenv under target/ (the
+# second, independent client), then runs benches/latency.rs (release
+# build), which starts its own private containerd. As root.
 #
 #   scripts/bench.sh            CRR_BENCH_CALLS=20000 scripts/bench.sh
 set -euo pipefail
@@ -13,4 +14,16 @@ command -v socat >/dev/null || {
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends socat >/dev/null
 }
-exec cargo bench --locked --bench latency
+venv=target/bench-venv
+if [[ ! -x $venv/bin/python ]] || ! "$venv/bin/python" -c 'import grpc' 2>/dev/null; then
+  command -v python3 >/dev/null || {
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3 python3-venv >/dev/null
+  }
+  python3 -m venv "$venv" || {
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+    python3 -m venv "$venv"
+  }
+  "$venv/bin/pip" install -q grpcio
+fi
+CRR_BENCH_PYTHON=$PWD/$venv/bin/python exec cargo bench --locked --bench latency

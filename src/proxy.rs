@@ -1,12 +1,17 @@
 //! The transparent CRI data path.
 //!
-//! Every gRPC call that arrives on the listening socket is forwarded to the
-//! runtime as raw HTTP/2: the request and response headers, every DATA frame
-//! and the trailers pass through as they are, so methods, services and fields
+//! Every client connection is relayed frame by frame onto a runtime
+//! connection of its own (`relay`): headers, every DATA frame and the
+//! trailers pass through as they are, so methods, services and fields
 //! crr-proxy has never heard of reach the runtime unchanged. Nothing here
 //! adds a deadline or limits message sizes. The one exception to "unchanged"
 //! is `reason`: once the agent has recreated a container, the status answers
 //! about it say so (two string fields, edited at the wire level).
+//!
+//! A connection that cannot be relayed (the runtime is not there when the
+//! client connects, or image calls go elsewhere) is served by hyper instead,
+//! which answers UNAVAILABLE while the runtime is away and forwards each call
+//! once it is back.
 
 mod body;
 mod endpoint;

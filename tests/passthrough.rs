@@ -261,6 +261,15 @@ async fn runtime_down_is_unavailable_at_once_and_service_resumes() {
     let recorded = call(&proxy.socket, upstream::FIXED, vec![]).await;
     assert_eq!(recorded.data, upstream::fixed_body());
     assert_eq!(upstream.seen().len(), 1);
+
+    // The client that connected while the runtime was away carries on: its
+    // calls reach the runtime (which does not know Version), and when the
+    // proxy hands it over to a relayed connection (GOAWAY), none is lost.
+    for seen in 2..=6 {
+        let status = client.version(VersionRequest::default()).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unimplemented, "{status:?}");
+        assert_eq!(upstream.seen().len(), seen);
+    }
 }
 
 /// The statuses of a container crr-proxy stopped for a CRR carry the CRR as

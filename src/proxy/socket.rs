@@ -121,7 +121,7 @@ fn registered(stream: UnixStream, interest: Interest) -> io::Result<AsyncFd<Unix
 }
 
 /// Reads are at least this large.
-const READ_CHUNK: usize = 16 << 10;
+const READ_CHUNK: usize = 64 << 10;
 
 /// Bytes read and not yet handled. The buffer is zeroed once, as it grows,
 /// and reused.
