@@ -29,6 +29,8 @@ pub(super) const SETTINGS_MAX_FRAME_SIZE: u16 = 0x5;
 /// Defaults until a SETTINGS frame says otherwise.
 pub(super) const DEFAULT_WINDOW: i64 = 65_535;
 pub(super) const DEFAULT_MAX_FRAME: usize = 16_384;
+/// The largest SETTINGS_MAX_FRAME_SIZE allowed (2^24 - 1).
+pub(super) const MAX_FRAME_LIMIT: usize = (1 << 24) - 1;
 
 /// `NO_ERROR`, as GOAWAY carries it.
 pub(super) const NO_ERROR: u32 = 0x0;

@@ -523,7 +523,11 @@ impl State {
                 }
             }
             frame::SETTINGS_MAX_FRAME_SIZE => {
-                self.client_max_frame = usize::try_from(value).unwrap_or(frame::DEFAULT_MAX_FRAME);
+                // RFC 9113 §6.5.2's range: a zero here would leave edited
+                // answers waiting for room that never comes.
+                let value = usize::try_from(value).unwrap_or(frame::DEFAULT_MAX_FRAME);
+                self.client_max_frame =
+                    value.clamp(frame::DEFAULT_MAX_FRAME, frame::MAX_FRAME_LIMIT);
             }
             frame::SETTINGS_HEADER_TABLE_SIZE => self.responses.allow_table(value),
             _ => {}
