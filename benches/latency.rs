@@ -8,7 +8,7 @@
 //! (one client, one call at a time) and 64 (64 calls in flight on one
 //! connection, as kubelet multiplexes). Rounds of the three targets are
 //! interleaved, so machine drift cancels out of the ratios. Then crr-proxy's
-//! RSS, its CPU seconds per 100 000 calls and socat's. With
+//! RSS, and its CPU seconds per 100 000 calls and socat's. With
 //! `CRR_BENCH_PYTHON` (a Python with grpcio, as `scripts/bench.sh` sets up),
 //! `benches/grpc_client.py` measures the same targets from a second,
 //! independent client.
@@ -85,12 +85,11 @@ fn main() -> anyhow::Result<()> {
     ];
 
     println!("# data path: {CONTAINERS} containers; interleaved rounds of {ROUNDS}");
-    let cpu_before = cpu_seconds(proxy.id(), false);
-    let socat_cpu_before = cpu_seconds(socat.id(), true);
     let mut proxied = 0;
     for concurrency in [1, CONCURRENCY] {
         let per_target = if concurrency == 1 { calls } else { calls * 4 };
         println!("## concurrency {concurrency}, {per_target} calls per target and method");
+        let cpu_before = [cpu_seconds(proxy.id(), false), cpu_seconds(socat.id(), true)];
         for method in [
             Method::Version,
             Method::ContainerStatus(some_container.clone()),
@@ -100,20 +99,19 @@ fn main() -> anyhow::Result<()> {
             report(&method, &results);
             proxied += per_target;
         }
+        // socat forks a child per connection; the parent counts the CPU of
+        // the children it has reaped, once their clients have gone.
+        std::thread::sleep(Duration::from_millis(500));
+        let per_100k = |cpu: f64| cpu / (per_target * 3) as f64 * 100_000.0;
+        println!(
+            "CPU per 100 000 calls at concurrency {concurrency}: crr-proxy {:.2} s, socat {:.2} s",
+            per_100k(cpu_seconds(proxy.id(), false) - cpu_before[0]),
+            per_100k(cpu_seconds(socat.id(), true) - cpu_before[1]),
+        );
     }
-    let cpu = cpu_seconds(proxy.id(), false) - cpu_before;
     println!(
-        "crr-proxy: RSS {:.1} MiB after the load; CPU {:.2} s per 100 000 calls ({proxied} calls, {cpu:.2} s)",
-        rss_mib(proxy.id()),
-        cpu / proxied as f64 * 100_000.0
-    );
-    // socat forks a child per connection; the parent counts the CPU of
-    // children it has reaped, once the clients have gone.
-    std::thread::sleep(Duration::from_millis(500));
-    let socat_cpu = cpu_seconds(socat.id(), true) - socat_cpu_before;
-    println!(
-        "socat: CPU {:.2} s per 100 000 calls",
-        socat_cpu / proxied as f64 * 100_000.0
+        "crr-proxy: RSS {:.1} MiB after {proxied} calls",
+        rss_mib(proxy.id())
     );
     if let Some(python) = std::env::var_os("CRR_BENCH_PYTHON") {
         println!("# the same targets, one call at a time, from a Python grpcio client");

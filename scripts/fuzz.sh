@@ -4,8 +4,9 @@
 #   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]     (default: 60, all targets)
 #
 # The targets (fuzz/fuzz_targets/) call crr_proxy::fuzzing, where each
-# parser of untrusted bytes has an entry point: the CRI wire editor, the
-# streaming editor, kubelet's container annotations, and CRR JSON. Inputs
+# parser of untrusted bytes has an entry point: HPACK, the frame relay, the
+# CRI wire editor, the streaming editor, kubelet's container annotations,
+# and CRR JSON. Inputs
 # found are kept in fuzz/work/ (not committed); the committed seeds are in
 # fuzz/corpus/. A crash stops the run with exit 1 and leaves its input in
 # fuzz/artifacts/<target>/: copy it to fuzz/regressions/<target>/, where the
