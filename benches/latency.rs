@@ -89,7 +89,10 @@ fn main() -> anyhow::Result<()> {
     for concurrency in [1, CONCURRENCY] {
         let per_target = if concurrency == 1 { calls } else { calls * 4 };
         println!("## concurrency {concurrency}, {per_target} calls per target and method");
-        let cpu_before = [cpu_seconds(proxy.id(), false), cpu_seconds(socat.id(), true)];
+        let cpu_before = [
+            cpu_seconds(proxy.id(), false),
+            cpu_seconds(socat.id(), true),
+        ];
         for method in [
             Method::Version,
             Method::ContainerStatus(some_container.clone()),

@@ -272,11 +272,9 @@ async fn runtime_down_is_unavailable_at_once_and_service_resumes() {
     }
 }
 
-/// The statuses of a container crr-proxy stopped for a CRR carry the CRR as
-/// reason and message; every other byte, fields unknown to crr-proxy's proto
-/// included, is the runtime's. Messages split across DATA frames anywhere.
-#[tokio::test]
-async fn recreated_containers_get_the_crr_reason_and_nothing_else_changes() {
+/// A proxy whose record says the fake upstream's stopped container was
+/// recreated, and that container's status as the proxy should tell it.
+fn proxy_with_a_recreated_container() -> (FakeUpstream, ProxyUnderTest, Vec<u8>) {
     use crr_proxy::proxy::{Proxy, Routes};
     use crr_proxy::reason::Recreated;
     let upstream = FakeUpstream::start();
@@ -296,6 +294,15 @@ async fn recreated_containers_get_the_crr_reason_and_nothing_else_changes() {
             "recreated by ContainerRecreateRequest shop/restart-app",
         )),
     );
+    (upstream, proxy, edited)
+}
+
+/// The statuses of a container crr-proxy stopped for a CRR carry the CRR as
+/// reason and message; every other byte, fields unknown to crr-proxy's proto
+/// included, is the runtime's. Messages split across DATA frames anywhere.
+#[tokio::test]
+async fn recreated_containers_get_the_crr_reason_and_nothing_else_changes() {
+    let (upstream, proxy, edited) = proxy_with_a_recreated_container();
 
     let direct = call(&upstream.socket, upstream::SANDBOX_STATUS, vec![]).await;
     let proxied = call(&proxy.socket, upstream::SANDBOX_STATUS, vec![]).await;
@@ -338,25 +345,7 @@ async fn recreated_containers_get_the_crr_reason_and_nothing_else_changes() {
 /// edited answers go by on the same connection.
 #[tokio::test]
 async fn edited_answers_keep_within_a_tight_client_window() {
-    use crr_proxy::proxy::{Proxy, Routes};
-    use crr_proxy::reason::Recreated;
-    let upstream = FakeUpstream::start();
-    let recreated = std::sync::Arc::new(Recreated::in_memory());
-    recreated
-        .record(upstream::STOPPED_ID, "shop/restart-app")
-        .unwrap();
-    let routes = Routes {
-        runtime: upstream.endpoint(),
-        image: None,
-    };
-    let proxy = ProxyUnderTest::serve(Proxy::new(routes).with_reasons(recreated));
-    let edited = upstream::stopped_status(
-        upstream::STOPPED_ID,
-        Some((
-            "ContainerRecreateRequest",
-            "recreated by ContainerRecreateRequest shop/restart-app",
-        )),
-    );
+    let (_upstream, proxy, edited) = proxy_with_a_recreated_container();
     let events: Vec<u8> = (0..upstream::EVENTS)
         .flat_map(|i| raw::grpc_frame(&upstream::container_event(i, &edited)))
         .collect();
