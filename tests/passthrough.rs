@@ -128,6 +128,40 @@ async fn server_streaming_arrives_message_by_message_with_trailers() {
     );
 }
 
+/// On shutdown the proxy stops accepting, and a call in flight (a stream
+/// still ticking) runs to its trailers before the proxy is done.
+#[tokio::test]
+async fn shutdown_lets_the_calls_in_flight_finish() {
+    let upstream = FakeUpstream::start();
+    let proxy = ProxyUnderTest::to(upstream.endpoint());
+    let socket = proxy.socket.clone();
+    let mut body = raw::open(&proxy.socket, upstream::STREAM).await.into_body();
+    let first = body.frame().await.unwrap().unwrap();
+    assert_eq!(first.into_data().unwrap(), upstream::tick(0));
+
+    let stopping = tokio::spawn(proxy.stop());
+    let (mut ticks, mut trailers) = (1, None);
+    while let Some(frame) = body.frame().await {
+        match frame.unwrap().into_data() {
+            Ok(data) => {
+                assert_eq!(data, upstream::tick(ticks));
+                ticks += 1;
+                if ticks < upstream::TICKS {
+                    assert!(!stopping.is_finished(), "stopped with a call in flight");
+                }
+            }
+            Err(frame) => trailers = frame.into_trailers().ok(),
+        }
+    }
+    assert_eq!(ticks, upstream::TICKS);
+    assert_eq!(trailers.expect("trailers").get("grpc-status").unwrap(), "0");
+    tokio::time::timeout(Duration::from_secs(5), stopping)
+        .await
+        .expect("the drain ends once the call has")
+        .unwrap();
+    assert!(tokio::net::UnixStream::connect(&socket).await.is_err());
+}
+
 #[tokio::test]
 async fn a_caller_that_cancels_cancels_the_upstream_call() {
     let upstream = FakeUpstream::start();
