@@ -243,7 +243,7 @@ struct Edit {
     recreated: Arc<Recreated>,
     /// The client's window for this stream.
     window: i64,
-    /// Received from the runtime, not yet credited back to it.
+    /// Received from the runtime on this stream, not yet credited back.
     uncredited: u32,
 }
 
@@ -375,7 +375,10 @@ struct State {
     last_client_stream: u32,
     /// The last stream the runtime said it would process (its GOAWAY).
     upstream_goaway: Option<u32>,
-    uncredited: bool,
+    /// Received from the runtime on edited streams, not yet credited back on
+    /// the connection. Kept apart from the streams' own counts, which go
+    /// with the stream when it ends.
+    uncredited: u32,
     drain: Drain,
 }
 
@@ -406,7 +409,7 @@ impl State {
             upstream_max_frame: frame::DEFAULT_MAX_FRAME,
             last_client_stream: 0,
             upstream_goaway: None,
-            uncredited: false,
+            uncredited: 0,
             drain: Drain::No,
         }
     }
@@ -706,8 +709,12 @@ impl State {
         if self.held.is_empty() {
             credit(&mut self.to_upstream, head.stream, received, !end_stream);
         } else {
-            edit.uncredited = edit.uncredited.saturating_add(received);
-            self.uncredited = true;
+            // Credit waits until the client has taken what waits before it,
+            // so the runtime cannot run further ahead of the client.
+            self.uncredited = self.uncredited.saturating_add(received);
+            if !end_stream {
+                edit.uncredited = edit.uncredited.saturating_add(received);
+            }
         }
         self.send_data(Data::edited(head.stream, out, end_stream));
         if end_stream {
@@ -840,11 +847,12 @@ impl State {
                 }
             }
         }
-        if self.held.is_empty() && self.uncredited {
-            self.uncredited = false;
+        if self.held.is_empty() && self.uncredited > 0 {
+            frame::window_update(0, self.uncredited, &mut self.to_upstream);
+            self.uncredited = 0;
             for (&id, stream) in &mut self.streams {
                 if let Some(edit) = stream.edit.as_mut().filter(|e| e.uncredited > 0) {
-                    credit(&mut self.to_upstream, id, edit.uncredited, true);
+                    frame::window_update(id, edit.uncredited, &mut self.to_upstream);
                     edit.uncredited = 0;
                 }
             }
@@ -1025,6 +1033,82 @@ mod tests {
         assert!(data_len > updates[0].1, "the edit made the answer longer");
         assert_eq!(updates[2], (0, 1000 - data_len));
         assert_eq!(updates[3], (1, 1000));
+    }
+
+    fn frame_bytes(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let mut out = BytesMut::new();
+        Head {
+            len: payload.len(),
+            kind,
+            flags,
+            stream,
+        }
+        .encode(&mut out);
+        out.extend_from_slice(payload);
+        out.to_vec()
+    }
+
+    fn record(upstream: bool, bytes: &[u8]) -> Vec<u8> {
+        let len = u16::try_from(bytes.len()).unwrap();
+        let mut out = (len | if upstream { 0x8000 } else { 0 })
+            .to_be_bytes()
+            .to_vec();
+        out.extend_from_slice(bytes);
+        out
+    }
+
+    /// Every byte the runtime sends on an edited stream comes back to it as
+    /// connection credit, also when it arrives while earlier edited bytes wait
+    /// for the client's window and the stream ends before they go.
+    #[test]
+    fn edited_bytes_received_while_others_wait_are_credited_back() {
+        let message = &std::fs::read(format!(
+            "{}/fuzz/corpus/wire_edit/container_status",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap()[1..];
+        let mut grpc = vec![0];
+        grpc.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+        grpc.extend_from_slice(message);
+        let path = b"/runtime.v1.RuntimeService/ContainerStatus";
+        let mut block = vec![0x83, 0x86, 0x44, u8::try_from(path.len()).unwrap()];
+        block.extend_from_slice(path);
+        // A 10-byte stream window, then the call.
+        let mut client = frame_bytes(frame::SETTINGS, 0, 0, &[0, 4, 0, 0, 0, 10]);
+        client.extend(frame_bytes(frame::HEADERS, frame::END_HEADERS, 1, &block));
+        // Two messages: the first fills the window and waits; the second
+        // arrives while it waits; then the trailers.
+        let mut upstream = frame_bytes(frame::HEADERS, frame::END_HEADERS, 1, &[0x88]);
+        upstream.extend(frame_bytes(frame::DATA, 0, 1, &grpc));
+        upstream.extend(frame_bytes(frame::DATA, 0, 1, &grpc));
+        let trailers = [
+            0, 11, b'g', b'r', b'p', b'c', b'-', b's', b't', b'a', b't', b'u', b's', 1, b'0',
+        ];
+        let flags = frame::END_HEADERS | frame::END_STREAM;
+        upstream.extend(frame_bytes(frame::HEADERS, flags, 1, &trailers));
+        // The client reads it all: stream credit only (the connection
+        // window is large enough).
+        let more = frame_bytes(frame::WINDOW_UPDATE, 0, 1, &100_000u32.to_be_bytes());
+        let input = [
+            record(false, &client),
+            record(true, &upstream),
+            record(false, &more),
+        ]
+        .concat();
+
+        let (to_client, to_upstream) = feed(&input).unwrap();
+        let body: usize = frames(&to_client)
+            .iter()
+            .filter(|(h, _)| h.kind == frame::DATA)
+            .map(|(h, _)| h.len)
+            .sum();
+        assert!(body > 2 * grpc.len(), "both messages arrive, edited");
+        let credited: u32 = frames(to_upstream.strip_prefix(frame::PREFACE).unwrap())
+            .iter()
+            .filter(|(h, _)| h.kind == frame::WINDOW_UPDATE && h.stream == 0)
+            .map(|(h, p)| h.increment(p).unwrap())
+            .sum();
+        assert_eq!(credited, 2 * u32::try_from(grpc.len()).unwrap());
     }
 
     /// With a 10-byte stream window, the edited answer reaches the client
