@@ -10,16 +10,21 @@ use serde_json::json;
 use support::apiserver::{FakeApiServer, Resource};
 use support::containerd::Containerd;
 
-fn check(args: &[&str], kubeconfig: &Path, kubelet: &Path) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_crr-proxy"))
+/// `crr-proxy check` with `args`, run off the async runtime, on which the
+/// fake API server answers it.
+async fn check(args: &[&str], kubeconfig: &Path, kubelet: &Path) -> (i32, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_crr-proxy"));
+    command
         .arg("check")
         .args(args)
         .arg("--kubeconfig")
         .arg(kubeconfig)
         .arg("--kubelet-config")
         .arg(kubelet)
-        .env_remove("LISTEN_FDS")
-        .output()
+        .env_remove("LISTEN_FDS");
+    let out = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .unwrap()
         .unwrap();
     (
         out.status.code().unwrap_or(-1),
@@ -66,13 +71,7 @@ async fn everything_in_place_passes_and_each_gap_fails_by_name() {
         "node-a",
     ];
 
-    let (code, table) = tokio::task::spawn_blocking({
-        let (kubeconfig, kubelet) = (kubeconfig.clone(), kubelet.clone());
-        let args = args.map(String::from);
-        move || check(&args.each_ref().map(String::as_str), &kubeconfig, &kubelet)
-    })
-    .await
-    .unwrap();
+    let (code, table) = check(&args, &kubeconfig, &kubelet).await;
     assert_eq!(code, 0, "{table}");
     for check in [
         "runtime endpoint",
@@ -110,13 +109,7 @@ async fn everything_in_place_passes_and_each_gap_fails_by_name() {
         "--node-name",
         "node-z",
     ];
-    let (code, table) = tokio::task::spawn_blocking({
-        let (kubeconfig, kubelet) = (kubeconfig.clone(), kubelet.clone());
-        let args = broken.map(String::from);
-        move || check(&args.each_ref().map(String::as_str), &kubeconfig, &kubelet)
-    })
-    .await
-    .unwrap();
+    let (code, table) = check(&broken, &kubeconfig, &kubelet).await;
     assert_eq!(code, 1, "{table}");
     assert!(row(&table, "runtime endpoint").contains("FAIL"), "{table}");
     assert!(row(&table, "kubelet endpoints").contains("FAIL"), "{table}");
@@ -131,13 +124,7 @@ async fn everything_in_place_passes_and_each_gap_fails_by_name() {
 
     // Credentials that are no node identity (an admin's): noted, not failed.
     support::write_kubeconfig(&kubeconfig, &api.url);
-    let (_, table) = tokio::task::spawn_blocking({
-        let (kubeconfig, kubelet) = (kubeconfig.clone(), kubelet.clone());
-        let args = args.map(String::from);
-        move || check(&args.each_ref().map(String::as_str), &kubeconfig, &kubelet)
-    })
-    .await
-    .unwrap();
+    let (_, table) = check(&args, &kubeconfig, &kubelet).await;
     assert!(row(&table, "identity").contains("skip"), "{table}");
     assert!(
         row(&table, "identity").contains("kubernetes-admin"),
