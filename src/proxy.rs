@@ -273,13 +273,7 @@ impl Connection {
             _ => &self.runtime,
         };
         let mut call = Call::start(&self.metrics, req.uri().path());
-        // Only the three status answers, and only once a container was
-        // recreated, pay for reading messages; the path is checked first,
-        // as it costs no lock.
-        let editor = StatusResponse::for_path(req.uri().path()).and_then(|kind| {
-            let recreated = self.recreated.as_ref().filter(|r| !r.is_empty())?;
-            Some((Editor::new(kind), Arc::clone(recreated)))
-        });
+        let editor = editor_for(req.uri().path(), self.recreated.as_ref());
         let response = upstream.forward(req).await;
         // A trailers-only answer carries its status in the headers.
         if let Some(code) = body::grpc_code(response.headers()) {
@@ -293,6 +287,15 @@ impl Connection {
             }
         })
     }
+}
+
+/// The editor for the answer to a call on `path`, with the record it reads.
+/// Only the three status answers, and only once a container was recreated,
+/// pay for reading messages; the path is checked first, as it costs no lock.
+fn editor_for(path: &str, recreated: Option<&Arc<Recreated>>) -> Option<(Editor, Arc<Recreated>)> {
+    let kind = StatusResponse::for_path(path)?;
+    let recreated = recreated.filter(|r| !r.is_empty())?;
+    Some((Editor::new(kind), Arc::clone(recreated)))
 }
 
 /// True for `/runtime.<version>.ImageService/<Method>`.

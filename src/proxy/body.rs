@@ -31,6 +31,11 @@ pub struct ProxyBody {
     held: Option<Frame<Bytes>>,
 }
 
+/// gRPC status codes the proxy itself assigns to a call.
+const CANCELLED: u32 = 1;
+pub(super) const UNKNOWN: u32 = 2;
+pub(super) const UNAVAILABLE: u32 = 14;
+
 /// One call being counted: finished by its gRPC status, or as CANCELLED if
 /// the client goes away first.
 #[derive(Debug)]
@@ -63,7 +68,6 @@ impl Call {
 
 impl Drop for Call {
     fn drop(&mut self) {
-        const CANCELLED: u32 = 1;
         self.finish(CANCELLED);
     }
 }
@@ -153,7 +157,6 @@ impl Body for ProxyBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        const UNKNOWN: u32 = 2;
         let this = self.get_mut();
         let polled = this.poll_edited(cx);
         let (frame, code) = match polled {

@@ -30,13 +30,13 @@ use tokio::net::UnixStream;
 use tokio::sync::watch;
 use tracing::debug;
 
-use super::Endpoint;
-use super::body::{Call, unavailable_message};
+use super::body::{Call, UNAVAILABLE, UNKNOWN, unavailable_message};
 use super::frame::{self, FrameError, HEAD_LEN, Head};
 use super::hpack::{self, HpackError};
 use super::socket::{Inbox, Socket};
+use super::{Endpoint, editor_for};
 use crate::metrics::Metrics;
-use crate::reason::{Editor, Recreated, StatusResponse};
+use crate::reason::{Editor, Recreated};
 
 /// How much the relay buffers towards one side before it stops reading
 /// from the other: the far end's own flow control keeps it well below this.
@@ -46,9 +46,6 @@ const HIGH_WATER: usize = 256 << 10;
 const MAX_REQUEST_BLOCK: usize = 1 << 20;
 /// The runtime is trusted; grpc-go allows up to 16 MiB of metadata.
 const MAX_RESPONSE_BLOCK: usize = 16 << 20;
-
-const UNKNOWN: u32 = 2;
-const UNAVAILABLE: u32 = 14;
 
 #[derive(Debug, thiserror::Error)]
 pub(super) enum RelayError {
@@ -496,14 +493,11 @@ impl State {
         }
         self.last_client_stream = block.stream;
         let path = block.fields.path.unwrap_or_default();
-        let edit = StatusResponse::for_path(&path).and_then(|kind| {
-            let recreated = self.recreated.as_ref().filter(|r| !r.is_empty())?;
-            Some(Edit {
-                editor: Editor::new(kind),
-                recreated: Arc::clone(recreated),
-                window: self.client_initial_window,
-                uncredited: 0,
-            })
+        let edit = editor_for(&path, self.recreated.as_ref()).map(|(editor, recreated)| Edit {
+            editor,
+            recreated,
+            window: self.client_initial_window,
+            uncredited: 0,
         });
         let call = Call::start(&self.metrics, &path);
         self.streams.insert(
