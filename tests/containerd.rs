@@ -402,3 +402,37 @@ async fn calls_are_counted_by_method_and_code() {
         assert!(text.lines().any(|l| l == line), "missing {line}:\n{text}");
     }
 }
+
+/// A call with 1.5 MiB of metadata (more than one header block's worth of
+/// frames) reaches containerd, which answers it, and the connection carries
+/// on: the relay decodes header blocks as they stream past and sets no
+/// limit of its own below the runtime's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_metadata_reaches_containerd_and_the_connection_carries_on() {
+    let ctrd = Containerd::start().unwrap();
+    let proxy = ProxyUnderTest::to(ctrd.endpoint());
+    let mut sender = raw::connect(&proxy.socket).await.unwrap();
+    // `~` has a 13-bit Huffman code, so the client sends it as it is.
+    let big = "~".repeat(1_572_864);
+    let version = "/runtime.v1.RuntimeService/Version";
+    let answer = raw::send(
+        &mut sender,
+        raw::grpc_request(version, &[("x-big", &big)], raw::grpc_frame(&[])),
+    )
+    .await
+    .unwrap();
+    let answer = raw::record(answer).await.unwrap();
+    assert!(
+        raw::grpc_status(&answer).is_some(),
+        "containerd's answer carries a status: {answer:?}"
+    );
+    let again = raw::send(
+        &mut sender,
+        raw::grpc_request(version, &[], raw::grpc_frame(&[])),
+    )
+    .await
+    .unwrap();
+    let again = raw::record(again).await.unwrap();
+    assert_eq!(raw::grpc_status(&again).as_deref(), Some("0"));
+    assert!(!again.data.is_empty());
+}

@@ -240,7 +240,7 @@ mod tests {
             .decode(block, |n, v| {
                 out.push((
                     String::from_utf8_lossy(n).into_owned(),
-                    String::from_utf8_lossy(v).into_owned(),
+                    String::from_utf8_lossy(v.unwrap()).into_owned(),
                 ));
             })
             .unwrap();

@@ -2,14 +2,34 @@
 //! header block of a connection goes through one `Decoder`, which keeps that
 //! direction's dynamic table in step with the peer's encoder and reports
 //! each field. Nothing is ever re-encoded.
+//!
+//! Decoding costs O(bytes received), whatever the block says, because a
+//! hostile client writes the blocks:
+//! - table entries are shared (`Bytes`), so a one-byte reference to a 4 KB
+//!   entry costs a reference count, not a copy;
+//! - a block is decoded as its fragments arrive, so only the start of one
+//!   incomplete field is ever buffered, and it is parsed again only once
+//!   enough bytes are there to finish it;
+//! - a string too long to matter to the relay (over [`KEEP`] and too large
+//!   for the table) streams past without being buffered;
+//! - past [`MAX_LIST`] of decoded size (grpc-go's default header list
+//!   limit), a block's fields still update the table but are not reported.
 
 use std::collections::VecDeque;
 use std::sync::OnceLock;
+
+use bytes::Bytes;
 
 /// The dynamic table size every decoder starts with (SETTINGS_HEADER_TABLE_SIZE).
 pub(super) const DEFAULT_TABLE: usize = 4_096;
 /// RFC 7541 §4.1: each entry costs its name, its value and 32 bytes.
 const ENTRY_OVERHEAD: usize = 32;
+/// grpc-go's default SETTINGS_MAX_HEADER_LIST_SIZE (containerd keeps it):
+/// fields past this much of a block are not reported.
+pub(super) const MAX_LIST: usize = 16 << 20;
+/// Strings up to this long are kept and reported: far above any method
+/// path or status the relay reads.
+const KEEP: usize = 16 << 10;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub(super) enum HpackError {
@@ -25,27 +45,91 @@ pub(super) enum HpackError {
     TableSize(usize),
 }
 
-/// A header field: name and value, decoded.
-type Field = (Box<[u8]>, Box<[u8]>);
-
 /// One direction's HPACK decoding state.
 #[derive(Debug)]
 pub(super) struct Decoder {
     /// Newest first: dynamic index 62 is `table[0]`.
-    table: VecDeque<Field>,
+    table: VecDeque<(Bytes, Bytes)>,
     size: usize,
     max_size: usize,
     /// The largest table the decoding peer has allowed (its SETTINGS).
     limit: usize,
+    block: Progress,
+}
+
+/// How far the decoder is into the current header block.
+#[derive(Debug, Default)]
+struct Progress {
+    /// The start of a field whose bytes have not all arrived.
+    tail: Vec<u8>,
+    /// How long `tail` must be before parsing it again can finish the field.
+    need: usize,
+    /// A string too long to keep, streaming past.
+    skip: Option<Skip>,
+    /// A literal whose name was skipped: its value comes next.
+    literal: Option<Literal>,
+    /// A field was seen: table size updates are no longer allowed.
+    started: bool,
+    /// The block's header list size so far (name + value + 32 per field).
+    list: usize,
+}
+
+#[derive(Debug)]
+struct Skip {
+    left: usize,
+    then: Skipped,
+}
+
+/// What a skipped string was.
+#[derive(Debug)]
+enum Skipped {
+    /// A literal's name (`len` bytes); its value follows.
+    Name { indexing: bool, len: usize },
+    /// A literal's value (`len` bytes): the field is complete.
+    Value { literal: Literal, len: usize },
+}
+
+#[derive(Debug)]
+struct Literal {
+    /// The name, or the length of a name too long to keep.
+    name: Result<Bytes, usize>,
+    /// With incremental indexing: the field enters the table.
+    indexing: bool,
+}
+
+/// What parsing one field from the front of a buffer came to.
+enum Step<'a> {
+    /// The field is done; the rest of the buffer follows.
+    Done(&'a [u8]),
+    /// The field needs this many bytes (from the buffer's start) to finish.
+    Need(usize),
+}
+
+/// A string literal at the front of a buffer.
+enum Str<'a> {
+    Kept(Bytes, &'a [u8]),
+    /// Too long to keep: `len` bytes of it start `at` bytes in.
+    Skip {
+        at: usize,
+        len: usize,
+    },
+    Need(usize),
 }
 
 impl Decoder {
     pub fn new() -> Self {
+        Self::with_limit(DEFAULT_TABLE)
+    }
+
+    /// A decoder whose peer may use a table of at most `limit` bytes, from
+    /// the first block on.
+    pub fn with_limit(limit: usize) -> Self {
         Self {
             table: VecDeque::new(),
             size: 0,
-            max_size: DEFAULT_TABLE,
-            limit: DEFAULT_TABLE,
+            max_size: limit,
+            limit,
+            block: Progress::default(),
         }
     }
 
@@ -61,70 +145,321 @@ impl Decoder {
     }
 
     /// Decodes one complete header block, calling `field` with each name
-    /// and value in order.
+    /// and value in order (`None`: a value too long to keep).
     pub fn decode(
         &mut self,
-        mut block: &[u8],
-        mut field: impl FnMut(&[u8], &[u8]),
+        block: &[u8],
+        mut field: impl FnMut(&[u8], Option<&[u8]>),
     ) -> Result<(), HpackError> {
-        let mut at_start = true;
-        while let Some(&first) = block.first() {
-            if first & 0x80 != 0 {
-                let (index, rest) = integer(block, 7)?;
-                block = rest;
-                let (name, value) = self.get(index)?;
-                field(name, value);
-            } else if first & 0x40 != 0 {
-                let ((name, value), rest) = self.literal(block, 6)?;
-                block = rest;
-                field(&name, &value);
-                self.insert(name, value);
-            } else if first & 0x20 != 0 {
-                let (size, rest) = integer(block, 5)?;
-                if !at_start || size > self.limit {
-                    return Err(HpackError::TableSize(size));
-                }
-                block = rest;
-                self.max_size = size;
-                self.evict(0);
-                continue;
-            } else {
-                // Without indexing (0000) or never indexed (0001): the
-                // table is untouched.
-                let ((name, value), rest) = self.literal(block, 4)?;
-                block = rest;
-                field(&name, &value);
-            }
-            at_start = false;
-        }
-        Ok(())
+        self.feed(block, &mut field)?;
+        self.end()
     }
 
-    fn get(&self, index: usize) -> Result<(&[u8], &[u8]), HpackError> {
+    /// Decodes the next fragment of the current header block, calling
+    /// `field` with each field it completes.
+    pub fn feed(
+        &mut self,
+        fragment: &[u8],
+        field: &mut impl FnMut(&[u8], Option<&[u8]>),
+    ) -> Result<(), HpackError> {
+        let mut tail = std::mem::take(&mut self.block.tail);
+        let fed = if tail.is_empty() {
+            self.consume(fragment, field)
+                .map(|rest| tail.extend_from_slice(rest))
+        } else {
+            tail.extend_from_slice(fragment);
+            if tail.len() < self.block.need {
+                Ok(())
+            } else {
+                self.consume(&tail, field)
+                    .map(|rest| rest.len())
+                    .map(|left| {
+                        let done = tail.len() - left;
+                        tail.drain(..done);
+                    })
+            }
+        };
+        self.block.tail = tail;
+        if fed.is_err() {
+            // The block is lost (the connection ends with it); a caller that
+            // goes on starts the next one afresh.
+            self.block = Progress::default();
+        }
+        fed
+    }
+
+    /// The header block is complete: nothing of it may be left over.
+    pub fn end(&mut self) -> Result<(), HpackError> {
+        let block = std::mem::take(&mut self.block);
+        match block.tail.is_empty() && block.skip.is_none() && block.literal.is_none() {
+            true => Ok(()),
+            false => Err(HpackError::Truncated),
+        }
+    }
+
+    /// Decodes every field `buf` completes; gives back the incomplete rest.
+    fn consume<'a>(
+        &mut self,
+        mut buf: &'a [u8],
+        field: &mut impl FnMut(&[u8], Option<&[u8]>),
+    ) -> Result<&'a [u8], HpackError> {
+        self.block.need = 0;
+        loop {
+            if let Some(skip) = &mut self.block.skip {
+                let n = skip.left.min(buf.len());
+                skip.left -= n;
+                buf = &buf[n..];
+                if skip.left > 0 {
+                    return Ok(buf);
+                }
+                if let Some(skip) = self.block.skip.take() {
+                    self.skipped(skip.then, field);
+                }
+                continue;
+            }
+            if buf.is_empty() {
+                return Ok(buf);
+            }
+            match self.field(buf, field)? {
+                Step::Done(rest) => buf = rest,
+                Step::Need(need) => {
+                    self.block.need = need;
+                    return Ok(buf);
+                }
+            }
+        }
+    }
+
+    /// One field (or table size update) from the front of `buf`.
+    fn field<'a>(
+        &mut self,
+        buf: &'a [u8],
+        field: &mut impl FnMut(&[u8], Option<&[u8]>),
+    ) -> Result<Step<'a>, HpackError> {
+        if let Some(literal) = self.block.literal.take() {
+            // The name went by skipped; this is the value.
+            return self.value(buf, 0, literal, field);
+        }
+        let first = buf[0];
+        if first & 0x80 != 0 {
+            let Some((index, rest)) = integer(buf, 7)? else {
+                return Ok(Step::Need(buf.len() + 1));
+            };
+            let (name, value) = self.get(index)?;
+            self.report(&Ok(name), Some(&value), value.len(), field);
+            return Ok(Step::Done(rest));
+        }
+        if first & 0x40 != 0 {
+            return self.literal(buf, 6, true, field);
+        }
+        if first & 0x20 != 0 {
+            let Some((size, rest)) = integer(buf, 5)? else {
+                return Ok(Step::Need(buf.len() + 1));
+            };
+            if self.block.started || size > self.limit {
+                return Err(HpackError::TableSize(size));
+            }
+            self.max_size = size;
+            self.evict(0);
+            return Ok(Step::Done(rest));
+        }
+        // Without indexing (0000) or never indexed (0001): the table is
+        // untouched.
+        self.literal(buf, 4, false, field)
+    }
+
+    fn literal<'a>(
+        &mut self,
+        buf: &'a [u8],
+        prefix: u8,
+        indexing: bool,
+        field: &mut impl FnMut(&[u8], Option<&[u8]>),
+    ) -> Result<Step<'a>, HpackError> {
+        let Some((index, rest)) = integer(buf, prefix)? else {
+            return Ok(Step::Need(buf.len() + 1));
+        };
+        let at = buf.len() - rest.len();
+        if index != 0 {
+            let name = self.get(index)?.0;
+            return self.value(
+                buf,
+                at,
+                Literal {
+                    name: Ok(name),
+                    indexing,
+                },
+                field,
+            );
+        }
+        match self.string(rest)? {
+            Str::Need(n) => Ok(Step::Need(at + n)),
+            Str::Kept(name, rest) => {
+                let at = buf.len() - rest.len();
+                self.value(
+                    buf,
+                    at,
+                    Literal {
+                        name: Ok(name),
+                        indexing,
+                    },
+                    field,
+                )
+            }
+            Str::Skip { at: start, len } => {
+                let skip = Skip {
+                    left: len,
+                    then: Skipped::Name { indexing, len },
+                };
+                Ok(self.start_skip(&rest[start..], skip))
+            }
+        }
+    }
+
+    /// The value of `literal`, starting `at` bytes into `buf`.
+    fn value<'a>(
+        &mut self,
+        buf: &'a [u8],
+        at: usize,
+        literal: Literal,
+        field: &mut impl FnMut(&[u8], Option<&[u8]>),
+    ) -> Result<Step<'a>, HpackError> {
+        match self.string(&buf[at..])? {
+            Str::Need(n) => {
+                if let Err(_skipped) = literal.name {
+                    // The buffer starts at the value: resumed from there.
+                    self.block.literal = Some(literal);
+                }
+                Ok(Step::Need(at + n))
+            }
+            Str::Kept(value, rest) => {
+                self.complete(literal, Some(value), field);
+                Ok(Step::Done(rest))
+            }
+            Str::Skip { at: start, len } => {
+                let skip = Skip {
+                    left: len,
+                    then: Skipped::Value { literal, len },
+                };
+                Ok(self.start_skip(&buf[at + start..], skip))
+            }
+        }
+    }
+
+    /// Starts skipping at the front of `rest`.
+    fn start_skip<'a>(&mut self, rest: &'a [u8], mut skip: Skip) -> Step<'a> {
+        let n = skip.left.min(rest.len());
+        skip.left -= n;
+        self.block.skip = Some(skip);
+        Step::Done(&rest[n..])
+    }
+
+    /// A skipped string has gone by.
+    fn skipped(&mut self, then: Skipped, field: &mut impl FnMut(&[u8], Option<&[u8]>)) {
+        match then {
+            Skipped::Name { indexing, len } => {
+                self.block.literal = Some(Literal {
+                    name: Err(len),
+                    indexing,
+                });
+            }
+            Skipped::Value { literal, len } => {
+                self.block.list = self.block.list.saturating_add(len);
+                self.complete(literal, None, field);
+            }
+        }
+    }
+
+    /// A literal field is complete: reported, and indexed if it says so.
+    fn complete(
+        &mut self,
+        literal: Literal,
+        value: Option<Bytes>,
+        field: &mut impl FnMut(&[u8], Option<&[u8]>),
+    ) {
+        let value_len = value.as_ref().map_or(0, Bytes::len);
+        self.report(&literal.name, value.as_deref(), value_len, field);
+        if !literal.indexing {
+            return;
+        }
+        match (literal.name, value) {
+            (Ok(name), Some(value)) => self.insert(name, value),
+            // RFC 7541 §4.4: an entry larger than the table empties it,
+            // and a string too long to keep is larger than the table.
+            _ => {
+                self.table.clear();
+                self.size = 0;
+            }
+        }
+    }
+
+    fn report(
+        &mut self,
+        name: &Result<Bytes, usize>,
+        value: Option<&[u8]>,
+        value_len: usize,
+        field: &mut impl FnMut(&[u8], Option<&[u8]>),
+    ) {
+        self.block.started = true;
+        let name_len = match name {
+            Ok(name) => name.len(),
+            Err(len) => *len,
+        };
+        let before = self.block.list;
+        self.block.list = before.saturating_add(name_len + value_len + ENTRY_OVERHEAD);
+        if let (Ok(name), true) = (name, self.block.list <= MAX_LIST) {
+            field(name, value);
+        }
+    }
+
+    /// A string literal (RFC 7541 §5.2) at the front of `buf`, Huffman-decoded
+    /// when so marked; skipped when too long to matter.
+    fn string<'a>(&self, buf: &'a [u8]) -> Result<Str<'a>, HpackError> {
+        let Some(&first) = buf.first() else {
+            return Ok(Str::Need(1));
+        };
+        let huffman = first & 0x80 != 0;
+        let Some((len, rest)) = integer(buf, 7)? else {
+            return Ok(Str::Need(buf.len() + 1));
+        };
+        let at = buf.len() - rest.len();
+        // Longer than this, a string cannot fit the table (a Huffman code
+        // is at most 30 bits a byte), so only its length matters.
+        let keep = match huffman {
+            true => KEEP.max(self.max_size.saturating_mul(30) / 8),
+            false => KEEP.max(self.max_size),
+        };
+        if len > keep {
+            return Ok(Str::Skip { at, len });
+        }
+        if rest.len() < len {
+            return Ok(Str::Need(at + len));
+        }
+        let (raw, rest) = rest.split_at(len);
+        let decoded = match huffman {
+            true => Bytes::from(huffman_decode(raw)?),
+            false => Bytes::copy_from_slice(raw),
+        };
+        Ok(Str::Kept(decoded, rest))
+    }
+
+    fn get(&self, index: usize) -> Result<(Bytes, Bytes), HpackError> {
         match index {
             1..=61 => {
                 let (name, value) = STATIC[index - 1];
-                Ok((name.as_bytes(), value.as_bytes()))
+                Ok((
+                    Bytes::from_static(name.as_bytes()),
+                    Bytes::from_static(value.as_bytes()),
+                ))
             }
             _ => self
                 .table
                 .get(index.wrapping_sub(STATIC.len() + 1))
-                .map(|(n, v)| (&n[..], &v[..]))
+                .cloned()
                 .ok_or(HpackError::Index(index)),
         }
     }
 
-    fn literal<'a>(&self, block: &'a [u8], prefix: u8) -> Result<(Field, &'a [u8]), HpackError> {
-        let (index, rest) = integer(block, prefix)?;
-        let (name, rest) = match index {
-            0 => string(rest)?,
-            _ => (self.get(index)?.0.into(), rest),
-        };
-        let (value, rest) = string(rest)?;
-        Ok(((name, value), rest))
-    }
-
-    fn insert(&mut self, name: Box<[u8]>, value: Box<[u8]>) {
+    fn insert(&mut self, name: Bytes, value: Bytes) {
         let size = name.len() + value.len() + ENTRY_OVERHEAD;
         if size > self.max_size {
             // RFC 7541 §4.4: an entry larger than the table empties it.
@@ -148,39 +483,29 @@ impl Decoder {
     }
 }
 
-/// An integer with an N-bit prefix (RFC 7541 §5.1) and what follows it.
-fn integer(block: &[u8], prefix: u8) -> Result<(usize, &[u8]), HpackError> {
-    let (&first, mut rest) = block.split_first().ok_or(HpackError::Truncated)?;
+/// An integer with an N-bit prefix (RFC 7541 §5.1) and what follows it;
+/// `None` if it has not all arrived.
+fn integer(block: &[u8], prefix: u8) -> Result<Option<(usize, &[u8])>, HpackError> {
+    let Some((&first, mut rest)) = block.split_first() else {
+        return Ok(None);
+    };
     let mask = (1u8 << prefix) - 1;
     let mut value = usize::from(first & mask);
     if value < usize::from(mask) {
-        return Ok((value, rest));
+        return Ok(Some((value, rest)));
     }
     // Four continuation bytes reach 2^28, far beyond any sane length.
     for shift in [0, 7, 14, 21] {
-        let (&b, next) = rest.split_first().ok_or(HpackError::Truncated)?;
+        let Some((&b, next)) = rest.split_first() else {
+            return Ok(None);
+        };
         rest = next;
         value += usize::from(b & 0x7f) << shift;
         if b & 0x80 == 0 {
-            return Ok((value, rest));
+            return Ok(Some((value, rest)));
         }
     }
     Err(HpackError::Overflow)
-}
-
-/// A string literal (RFC 7541 §5.2), Huffman-decoded when so marked.
-fn string(block: &[u8]) -> Result<(Box<[u8]>, &[u8]), HpackError> {
-    let huffman = block.first().is_some_and(|b| b & 0x80 != 0);
-    let (len, rest) = integer(block, 7)?;
-    if rest.len() < len {
-        return Err(HpackError::Truncated);
-    }
-    let (raw, rest) = rest.split_at(len);
-    let decoded = match huffman {
-        true => huffman_decode(raw)?.into_boxed_slice(),
-        false => raw.into(),
-    };
-    Ok((decoded, rest))
 }
 
 /// The static table (RFC 7541 Appendix A).
@@ -357,23 +682,47 @@ fn huffman_decode(raw: &[u8]) -> Result<Vec<u8>, HpackError> {
 }
 
 /// The fuzz target `hpack` (see `fuzzing`): blocks of `data[0]` bytes each,
-/// through one decoder. Errors are fine; panics and a table over its size
-/// are not.
+/// through one decoder whole and through another in pieces of one to seven
+/// bytes. Errors are fine; panics, a table over its size, and the two
+/// decoders disagreeing are not.
 pub(crate) fn fuzz(data: &[u8]) {
     let Some((&size, blocks)) = data.split_first() else {
         return;
     };
-    let mut decoder = Decoder::new();
-    decoder.allow(usize::from(size) * 64);
+    let (mut whole, mut pieces) = (Decoder::new(), Decoder::new());
+    whole.allow(usize::from(size) * 64);
+    pieces.allow(usize::from(size) * 64);
     for block in blocks.chunks(usize::from(size.max(1))) {
-        let _ = decoder.decode(block, |_, _| {});
-        let used: usize = decoder
-            .table
-            .iter()
-            .map(|(n, v)| n.len() + v.len() + ENTRY_OVERHEAD)
-            .sum();
-        assert_eq!(used, decoder.size);
-        assert!(decoder.size <= decoder.max_size);
+        let mut fields = Vec::new();
+        let at_once = whole.decode(block, |n, v| {
+            fields.push((n.to_vec(), v.map(<[u8]>::to_vec)))
+        });
+        let mut split = Vec::new();
+        let mut report =
+            |n: &[u8], v: Option<&[u8]>| split.push((n.to_vec(), v.map(<[u8]>::to_vec)));
+        let mut fed = Ok(());
+        for piece in block.chunks(usize::from(size % 7) + 1) {
+            fed = pieces.feed(piece, &mut report);
+            if fed.is_err() {
+                break;
+            }
+        }
+        let in_pieces = fed.and_then(|()| pieces.end());
+        if at_once.is_err() || in_pieces.is_err() {
+            // The decoders may fail at different fields; both are spent.
+            return;
+        }
+        assert_eq!(fields, split);
+        assert_eq!(whole.table, pieces.table);
+        for decoder in [&whole, &pieces] {
+            let used: usize = decoder
+                .table
+                .iter()
+                .map(|(n, v)| n.len() + v.len() + ENTRY_OVERHEAD)
+                .sum();
+            assert_eq!(used, decoder.size);
+            assert!(decoder.size <= decoder.max_size);
+        }
     }
 }
 
@@ -394,7 +743,7 @@ mod tests {
         decoder.decode(block, |n, v| {
             out.push((
                 String::from_utf8_lossy(n).into_owned(),
-                String::from_utf8_lossy(v).into_owned(),
+                v.map_or("<long>".into(), |v| String::from_utf8_lossy(v).into_owned()),
             ));
         })?;
         Ok(out)
@@ -485,6 +834,106 @@ mod tests {
         ));
         decoder.allow(8192);
         fields(&mut decoder, &[0x3f, 0xe2, 0x1f]).unwrap();
+    }
+
+    /// A block fed a byte at a time decodes as it does whole, and keeps
+    /// at most one unfinished field.
+    #[test]
+    fn blocks_decode_the_same_in_any_pieces() {
+        let blocks = [
+            hex("8286 8441 8cf1 e3c2 e5f2 3a6b a0ab 90f4 ff"),
+            hex("8286 84be 5886 a8eb 1064 9cbf"),
+            hex("8287 85bf 4088 25a8 49e9 5ba9 7d7f 8925 a849 e95b b8e8 b4bf"),
+        ];
+        let mut whole = Decoder::new();
+        let mut pieces = Decoder::new();
+        for block in &blocks {
+            let expected = fields(&mut whole, block).unwrap();
+            let mut got = Vec::new();
+            for byte in block.chunks(1) {
+                pieces
+                    .feed(byte, &mut |n, v| {
+                        got.push((
+                            String::from_utf8_lossy(n).into_owned(),
+                            String::from_utf8_lossy(v.unwrap()).into_owned(),
+                        ));
+                    })
+                    .unwrap();
+                assert!(pieces.block.tail.len() <= 30);
+            }
+            pieces.end().unwrap();
+            assert_eq!(got, expected);
+        }
+        assert_eq!(whole.table, pieces.table);
+    }
+
+    /// One-byte references to a 4 KB entry: each costs a reference, and
+    /// past the header list limit the fields are no longer reported.
+    #[test]
+    fn references_to_a_large_entry_are_bounded() {
+        let mut decoder = Decoder::new();
+        let path = format!("/{}", "p".repeat(3_990));
+        let mut first = vec![0x44, 0x7f];
+        let mut n = path.len() - 127;
+        while n >= 128 {
+            first.push((n % 128) as u8 | 0x80);
+            n /= 128;
+        }
+        first.push(n as u8);
+        first.extend_from_slice(path.as_bytes());
+        assert_eq!(fields(&mut decoder, &first).unwrap()[0].1, path);
+        let flood = vec![0xbe; 1 << 20];
+        let mut reported = 0usize;
+        for piece in flood.chunks(16_384) {
+            decoder.feed(piece, &mut |_, _| reported += 1).unwrap();
+        }
+        decoder.end().unwrap();
+        let per_field = path.len() + 5 + ENTRY_OVERHEAD;
+        assert_eq!(reported, MAX_LIST / per_field);
+        // The next block is reported again.
+        assert_eq!(fields(&mut decoder, &[0xbe]).unwrap()[0].1, path);
+    }
+
+    /// A value far longer than the table streams past: not buffered, not
+    /// reported, and (indexed) it empties the table as RFC 7541 says.
+    #[test]
+    fn a_long_value_streams_past() {
+        let mut decoder = Decoder::new();
+        fields(
+            &mut decoder,
+            &hex("4088 25a8 49e9 5ba9 7d7f 8925 a849 e95b b8e8 b4bf"),
+        )
+        .unwrap();
+        assert_eq!(decoder.entries(), 1);
+        let len = 1_500_000usize;
+        // Literal with incremental indexing, indexed name 58 (user-agent).
+        let mut block = vec![0x40 | 58 & 0x3f, 0x7f];
+        let mut n = len - 127;
+        while n >= 128 {
+            block.push((n % 128) as u8 | 0x80);
+            n /= 128;
+        }
+        block.push(n as u8);
+        block.extend(std::iter::repeat_n(b'a', len));
+        block.push(0x82);
+        let mut got = Vec::new();
+        for piece in block.chunks(16_384) {
+            decoder
+                .feed(piece, &mut |n, v| {
+                    got.push((n.to_vec(), v.map(<[u8]>::len)))
+                })
+                .unwrap();
+            assert!(decoder.block.tail.len() < 16);
+        }
+        decoder.end().unwrap();
+        assert_eq!(
+            got,
+            [
+                (b"user-agent".to_vec(), None),
+                (b":method".to_vec(), Some(3))
+            ]
+        );
+        assert_eq!(decoder.entries(), 0);
     }
 
     #[test]

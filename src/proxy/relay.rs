@@ -32,8 +32,11 @@ use tracing::debug;
 
 use super::body::{Call, UNAVAILABLE, UNKNOWN, unavailable_message};
 use super::frame::{self, FrameError, HEAD_LEN, Head};
-use super::hpack::{self, HpackError};
+use super::hpack;
 use super::socket::{Inbox, Socket};
+use codec::{Block as Decoded, Blocks, CodecError};
+
+mod codec;
 use super::{Endpoint, editor_for};
 use crate::metrics::Metrics;
 use crate::reason::{Editor, Recreated};
@@ -41,11 +44,6 @@ use crate::reason::{Editor, Recreated};
 /// How much the relay buffers towards one side before it stops reading
 /// from the other: the far end's own flow control keeps it well below this.
 const HIGH_WATER: usize = 256 << 10;
-/// A request's header block: well above gRPC's needs, far below what would
-/// let one client pin much memory.
-const MAX_REQUEST_BLOCK: usize = 1 << 20;
-/// The runtime is trusted; grpc-go allows up to 16 MiB of metadata.
-const MAX_RESPONSE_BLOCK: usize = 16 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub(super) enum RelayError {
@@ -55,12 +53,8 @@ pub(super) enum RelayError {
     Frame(#[from] FrameError),
     #[error("a {len}-byte frame exceeds the {limit}-byte limit its receiver set")]
     FrameTooLarge { len: usize, limit: usize },
-    #[error("a header block longer than {0} bytes")]
-    BlockTooLarge(usize),
-    #[error("a header block interrupted by a frame of type {0:#x}")]
-    Interleaved(u8),
-    #[error("HPACK: {0}")]
-    Hpack(#[from] HpackError),
+    #[error(transparent)]
+    Codec(#[from] CodecError),
     #[error("the runtime sent PUSH_PROMISE, which gRPC never uses")]
     Push,
     #[error("reading from the client: {0}")]
@@ -244,96 +238,6 @@ struct Edit {
     uncredited: u32,
 }
 
-/// What a header block says that the relay cares about.
-#[derive(Default)]
-struct Fields {
-    path: Option<String>,
-    grpc_status: Option<u32>,
-}
-
-struct Decoded {
-    stream: u32,
-    end_stream: bool,
-    fields: Fields,
-}
-
-/// One direction's header blocks, decoded to keep its HPACK table in step.
-struct Blocks {
-    decoder: hpack::Decoder,
-    /// A block continued in CONTINUATION frames: stream, END_STREAM, bytes.
-    pending: Option<(u32, bool, Vec<u8>)>,
-    max_block: usize,
-}
-
-impl Blocks {
-    fn new(max_block: usize) -> Self {
-        Self {
-            decoder: hpack::Decoder::new(),
-            pending: None,
-            max_block,
-        }
-    }
-
-    fn allow_table(&mut self, size: u32) {
-        self.decoder
-            .allow(usize::try_from(size).unwrap_or(usize::MAX));
-    }
-
-    /// Takes a HEADERS or CONTINUATION frame; gives back the block once it
-    /// is complete.
-    fn frame(&mut self, head: Head, payload: &[u8]) -> Result<Option<Decoded>, RelayError> {
-        let fragment = head.fragment(payload)?;
-        let end_headers = head.flags & frame::END_HEADERS != 0;
-        if head.kind == frame::CONTINUATION {
-            let Some((stream, end_stream, mut block)) = self.pending.take() else {
-                return Err(RelayError::Interleaved(head.kind));
-            };
-            if stream != head.stream {
-                return Err(RelayError::Interleaved(head.kind));
-            }
-            if block.len() + fragment.len() > self.max_block {
-                return Err(RelayError::BlockTooLarge(self.max_block));
-            }
-            block.extend_from_slice(fragment);
-            if !end_headers {
-                self.pending = Some((stream, end_stream, block));
-                return Ok(None);
-            }
-            return self.decode(stream, end_stream, &block).map(Some);
-        }
-        let end_stream = head.flags & frame::END_STREAM != 0;
-        if !end_headers {
-            if fragment.len() > self.max_block {
-                return Err(RelayError::BlockTooLarge(self.max_block));
-            }
-            self.pending = Some((head.stream, end_stream, fragment.to_vec()));
-            return Ok(None);
-        }
-        self.decode(head.stream, end_stream, fragment).map(Some)
-    }
-
-    fn decode(
-        &mut self,
-        stream: u32,
-        end_stream: bool,
-        block: &[u8],
-    ) -> Result<Decoded, RelayError> {
-        let mut fields = Fields::default();
-        self.decoder.decode(block, |name, value| match name {
-            b":path" => fields.path = Some(String::from_utf8_lossy(value).into_owned()),
-            b"grpc-status" => {
-                fields.grpc_status = std::str::from_utf8(value).ok().and_then(|v| v.parse().ok());
-            }
-            _ => {}
-        })?;
-        Ok(Decoded {
-            stream,
-            end_stream,
-            fields,
-        })
-    }
-}
-
 enum Drain {
     No,
     /// GOAWAY is due once the runtime's header block in progress ends.
@@ -394,8 +298,8 @@ impl State {
             upstream_eof: false,
             upstream_shut: false,
             upstream_broken: false,
-            requests: Blocks::new(MAX_REQUEST_BLOCK),
-            responses: Blocks::new(MAX_RESPONSE_BLOCK),
+            requests: Blocks::new(hpack::Decoder::new()),
+            responses: Blocks::new(hpack::Decoder::new()),
             streams: HashMap::new(),
             held: VecDeque::new(),
             held_bytes: 0,
@@ -461,9 +365,7 @@ impl State {
 
     fn client_frame(&mut self, head: Head, frame: &[u8]) -> Result<(), RelayError> {
         let payload = &frame[HEAD_LEN..];
-        if self.requests.pending.is_some() && head.kind != frame::CONTINUATION {
-            return Err(RelayError::Interleaved(head.kind));
-        }
+        self.requests.check(head)?;
         match head.kind {
             frame::HEADERS | frame::CONTINUATION => {
                 if let Some(block) = self.requests.frame(head, payload)? {
@@ -493,13 +395,14 @@ impl State {
         }
         self.last_client_stream = block.stream;
         let path = block.fields.path.unwrap_or_default();
-        let edit = editor_for(&path, self.recreated.as_ref()).map(|(editor, recreated)| Edit {
+        let path = std::str::from_utf8(&path).unwrap_or_default();
+        let edit = editor_for(path, self.recreated.as_ref()).map(|(editor, recreated)| Edit {
             editor,
             recreated,
             window: self.client_initial_window,
             uncredited: 0,
         });
-        let call = Call::start(&self.metrics, &path);
+        let call = Call::start(&self.metrics, path);
         self.streams.insert(
             block.stream,
             Stream {
@@ -590,7 +493,7 @@ impl State {
             };
             self.upstream_frame(head, frame)?;
             inbox.consume(HEAD_LEN + head.len);
-            if matches!(self.drain, Drain::Due) && self.responses.pending.is_none() {
+            if matches!(self.drain, Drain::Due) && self.responses.open().is_none() {
                 self.send_goaway();
             }
         }
@@ -598,9 +501,7 @@ impl State {
     }
 
     fn upstream_frame(&mut self, head: Head, frame: &[u8]) -> Result<(), RelayError> {
-        if self.responses.pending.is_some() && head.kind != frame::CONTINUATION {
-            return Err(RelayError::Interleaved(head.kind));
-        }
+        self.responses.check(head)?;
         match head.kind {
             frame::DATA => return self.upstream_data(head, frame),
             frame::HEADERS | frame::CONTINUATION => {
@@ -860,7 +761,7 @@ impl State {
             return;
         }
         self.upstream_eof = true;
-        if self.responses.pending.is_some() || !self.held.is_empty() {
+        if self.responses.open().is_some() || !self.held.is_empty() {
             // Nothing can be added cleanly: the client loses the connection.
             self.held.clear();
             self.held_bytes = 0;
@@ -893,7 +794,7 @@ impl State {
     /// §6.8: the largest stream ID first), and let the calls in flight end.
     fn drain(&mut self) {
         self.drain = Drain::Due;
-        if self.responses.pending.is_none() {
+        if self.responses.open().is_none() {
             self.send_goaway();
         }
     }
