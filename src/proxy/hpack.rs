@@ -279,40 +279,25 @@ impl Decoder {
             return Ok(Step::Need(buf.len() + 1));
         };
         let at = buf.len() - rest.len();
-        if index != 0 {
-            let name = self.get(index)?.0;
-            return self.value(
-                buf,
-                at,
-                Literal {
-                    name: Ok(name),
-                    indexing,
-                },
-                field,
-            );
-        }
-        match self.string(rest)? {
-            Str::Need(n) => Ok(Step::Need(at + n)),
-            Str::Kept(name, rest) => {
-                let at = buf.len() - rest.len();
-                self.value(
-                    buf,
-                    at,
-                    Literal {
-                        name: Ok(name),
-                        indexing,
-                    },
-                    field,
-                )
-            }
-            Str::Skip { at: start, len } => {
-                let skip = Skip {
-                    left: len,
-                    then: Skipped::Name { indexing, len },
-                };
-                Ok(self.start_skip(&rest[start..], skip))
-            }
-        }
+        let (name, at) = match index {
+            0 => match self.string(rest)? {
+                Str::Need(n) => return Ok(Step::Need(at + n)),
+                Str::Kept(name, rest) => (name, buf.len() - rest.len()),
+                Str::Skip { at: start, len } => {
+                    let skip = Skip {
+                        left: len,
+                        then: Skipped::Name { indexing, len },
+                    };
+                    return Ok(self.start_skip(&rest[start..], skip));
+                }
+            },
+            _ => (self.get(index)?.0, at),
+        };
+        let literal = Literal {
+            name: Ok(name),
+            indexing,
+        };
+        self.value(buf, at, literal, field)
     }
 
     /// The value of `literal`, starting `at` bytes into `buf`.

@@ -34,12 +34,12 @@ use super::body::{Call, UNAVAILABLE, UNKNOWN, unavailable_message};
 use super::frame::{self, FrameError, HEAD_LEN, Head};
 use super::hpack;
 use super::socket::{Inbox, Socket};
-use codec::{Block as Decoded, Blocks, CodecError};
-
-mod codec;
 use super::{Endpoint, editor_for};
 use crate::metrics::Metrics;
 use crate::reason::{Editor, Recreated};
+use codec::{Block, Blocks, CodecError};
+
+mod codec;
 
 /// How much the relay buffers towards one side before it stops reading
 /// from the other: the far end's own flow control keeps it well below this.
@@ -388,7 +388,7 @@ impl State {
         Ok(())
     }
 
-    fn request(&mut self, block: Decoded) {
+    fn request(&mut self, block: Block) {
         if block.stream <= self.last_client_stream {
             // Trailers from the client, or a stream the runtime will refuse.
             return;

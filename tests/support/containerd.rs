@@ -241,19 +241,7 @@ disabled_plugins = [
   "io.containerd.internal.v1.tracing",
 ]
 
-[grpc]
-  address = "{dir}/containerd.sock"
-
-[ttrpc]
-  address = "{dir}/containerd.sock.ttrpc"
-
-[debug]
-  address = ""
-  level = "info"
-
-[metrics]
-  address = ""
-
+{sockets}
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{pause}"
   disable_tcp_service = true
@@ -280,12 +268,9 @@ disabled_plugins = [
   [plugins."io.containerd.grpc.v1.cri".registry]
     config_path = ""
 
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{dir}/root/opt"
-
-[plugins."io.containerd.runtime.v2.task"]
-  platforms = ["linux/{arch}"]
-"#,
+{tail}"#,
+            sockets = self.sockets(),
+            tail = self.tail(arch),
             pause = images::PAUSE_IMAGE,
             restrict_oom = restrict_oom_score_adj(),
             snapshotter = snapshotter(),
@@ -323,19 +308,7 @@ disabled_plugins = [
   "io.containerd.nri.v1.nri",
 ]
 
-[grpc]
-  address = "{dir}/containerd.sock"
-
-[ttrpc]
-  address = "{dir}/containerd.sock.ttrpc"
-
-[debug]
-  address = ""
-  level = "info"
-
-[metrics]
-  address = ""
-
+{sockets}
 [plugins."io.containerd.grpc.v1.cri"]
   disable_tcp_service = true
   stream_server_address = "127.0.0.1"
@@ -367,16 +340,48 @@ disabled_plugins = [
     bin_dirs = ["/usr/lib/cni"]
     conf_dir = "{dir}/cni/net.d"
 
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{dir}/root/opt"
-
-[plugins."io.containerd.runtime.v2.task"]
-  platforms = ["linux/{arch}"]
-"#,
+{tail}"#,
+            sockets = self.sockets(),
+            tail = self.tail(arch),
             pause = images::PAUSE_IMAGE,
             restrict_oom = restrict_oom_score_adj(),
             snapshotter = snapshotter(),
             runc = runc.display(),
+        )
+    }
+
+    /// The sections both config versions spell alike: this instance's own
+    /// sockets, logging, and no metrics endpoint.
+    fn sockets(&self) -> String {
+        let dir = self.dir.display();
+        format!(
+            r#"[grpc]
+  address = "{dir}/containerd.sock"
+
+[ttrpc]
+  address = "{dir}/containerd.sock.ttrpc"
+
+[debug]
+  address = ""
+  level = "info"
+
+[metrics]
+  address = ""
+"#
+        )
+    }
+
+    /// The sections both config versions end with: the opt plugin's folder
+    /// and the task platform.
+    fn tail(&self, arch: &str) -> String {
+        let dir = self.dir.display();
+        format!(
+            r#"[plugins."io.containerd.internal.v1.opt"]
+  path = "{dir}/root/opt"
+
+[plugins."io.containerd.runtime.v2.task"]
+  platforms = ["linux/{arch}"]
+"#
         )
     }
 
