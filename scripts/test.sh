@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh Debian machine: installs containerd, runc
-# and busybox-static when missing, then checks formatting and lints and runs
-# every test (unit, and integration against a private real containerd).
+# and busybox-static when missing, fetches containerd 2.x into a private
+# folder and the Python test peers into a private virtualenv, then checks
+# formatting and lints and runs every test (unit, and integration against a
+# private real containerd), and the containerd tests once more on 2.x.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/deps.sh
+source scripts/lib/containerd2.sh
+source scripts/lib/peers.sh
 ensure_root
 ensure_packages
+ensure_containerd2
+ensure_peers
 
 cargo fmt --check
 cargo clippy --all-targets --locked -- -D warnings
@@ -14,6 +20,17 @@ cargo clippy --all-targets --locked -- -D warnings
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 status=0
+echo "== the suite, containerd $(containerd --version | awk '{ print $3 }')"
 cargo test --locked --lib --bins --tests 2>&1 | tee "$log" || status=$?
+# The test binaries that start a containerd, again on 2.x.
+containerd_tests=()
+for file in tests/*.rs; do
+  if grep -q 'Containerd::start' "$file"; then
+    containerd_tests+=(--test "$(basename "$file" .rs)")
+  fi
+done
+echo "== the containerd tests, containerd $("$CRR_TEST_CONTAINERD2/containerd" --version | awk '{ print $3 }')"
+CRR_TEST_CONTAINERD="$CRR_TEST_CONTAINERD2" cargo test --locked "${containerd_tests[@]}" 2>&1 |
+  tee -a "$log" || status=$?
 awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
 exit "$status"

@@ -8,10 +8,11 @@
 //! is `reason`: once the agent has recreated a container, the status answers
 //! about it say so (two string fields, edited at the wire level).
 //!
-//! A connection that cannot be relayed (the runtime is not there when the
-//! client connects, or image calls go elsewhere) is served by hyper instead,
-//! which answers UNAVAILABLE while the runtime is away and forwards each call
-//! once it is back.
+//! While the runtime is unreachable, the relay answers every call itself
+//! (`relay::standin`) with UNAVAILABLE naming the endpoint, and sends the
+//! client to a new, relayed connection once the runtime is back. Only when
+//! image calls go to an endpoint of their own is a connection served by
+//! hyper instead, which routes each call to its endpoint.
 
 mod body;
 mod endpoint;
@@ -32,7 +33,7 @@ use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::metrics::Metrics;
@@ -146,59 +147,51 @@ impl Proxy {
     }
 
     /// Serves one client connection: relayed frame by frame onto a runtime
-    /// connection of its own when there is one upstream and it answers;
-    /// otherwise through the terminating path, which answers UNAVAILABLE
-    /// while the runtime is away and hands the client back (GOAWAY) once
-    /// the runtime returns.
+    /// connection of its own, or answered by the relay's stand-in while the
+    /// runtime is unreachable; with an image endpoint of its own, through
+    /// hyper, which routes each call.
     fn accept(&self, stream: UnixStream, stop: watch::Receiver<bool>) {
         let routes = Arc::clone(&self.routes);
         let metrics = Arc::clone(&self.metrics);
         let recreated = self.recreated.clone();
         let server = self.server.clone();
         tokio::spawn(async move {
-            let relayed = routes.image.is_none();
-            if relayed {
-                match UnixStream::connect(routes.runtime.path()).await {
-                    Ok(upstream) => {
-                        let endpoint = routes.runtime.clone();
-                        match Relay::new(stream, upstream, endpoint, metrics, recreated) {
-                            Ok(relay) => relay.run(stop).await,
-                            Err(error) => warn!(%error, "could not register a connection"),
-                        }
-                        return;
-                    }
-                    Err(error) => {
-                        debug!(endpoint = %routes.runtime, %error, "runtime unreachable");
-                    }
-                }
+            if routes.image.is_some() {
+                let conn = Connection::new(&routes, &metrics, recreated);
+                let service = service_fn(move |req| {
+                    let conn = Arc::clone(&conn);
+                    async move { Ok::<_, Infallible>(conn.forward(req).await) }
+                });
+                serve_terminated(server.serve_connection(TokioIo::new(stream), service), stop)
+                    .await;
+                return;
             }
-            let returned = Arc::new(Notify::new());
-            let conn = Connection::new(
-                &routes,
-                &metrics,
-                recreated,
-                relayed.then(|| Arc::clone(&returned)),
-            );
-            let service = service_fn(move |req| {
-                let conn = Arc::clone(&conn);
-                async move { Ok::<_, Infallible>(conn.forward(req).await) }
-            });
-            serve_terminated(
-                server.serve_connection(TokioIo::new(stream), service),
-                stop,
-                returned,
-            )
-            .await;
+            let endpoint = routes.runtime.clone();
+            let served = match UnixStream::connect(endpoint.path()).await {
+                Ok(upstream) => match Relay::new(stream, upstream, endpoint, metrics, recreated) {
+                    Ok(relay) => {
+                        relay.run(stop).await;
+                        Ok(())
+                    }
+                    Err(error) => Err(error),
+                },
+                Err(error) => {
+                    debug!(%endpoint, %error, "runtime unreachable");
+                    relay::standin::serve(stream, endpoint, metrics, stop).await
+                }
+            };
+            if let Err(error) = served {
+                warn!(%error, "could not register a connection");
+            }
         });
     }
 }
 
-/// Drives one terminated client connection until it ends; shutdown, or the
-/// runtime coming back, turns it into a graceful one.
+/// Drives one terminated client connection until it ends; shutdown turns it
+/// into a graceful one.
 async fn serve_terminated<S>(
     served: hyper::server::conn::http2::Connection<TokioIo<UnixStream>, S, TokioExecutor>,
     mut stop: watch::Receiver<bool>,
-    returned: Arc<Notify>,
 ) where
     S: hyper::service::HttpService<Incoming, ResBody = ProxyBody>,
     S::Future: Send + 'static,
@@ -217,11 +210,6 @@ async fn serve_terminated<S>(
                 return;
             }
             _ = stop.wait_for(|stop| *stop), if !going => {
-                served.as_mut().graceful_shutdown();
-                going = true;
-            }
-            () = returned.notified(), if !going => {
-                // The runtime is back: the client's next connection is relayed.
                 served.as_mut().graceful_shutdown();
                 going = true;
             }
@@ -248,14 +236,13 @@ impl Connection {
         routes: &Routes,
         metrics: &Arc<Metrics>,
         recreated: Option<Arc<Recreated>>,
-        returned: Option<Arc<Notify>>,
     ) -> Arc<Self> {
         Arc::new(Self {
-            runtime: Upstream::new(routes.runtime.clone(), Arc::clone(metrics), returned),
+            runtime: Upstream::new(routes.runtime.clone(), Arc::clone(metrics)),
             image: routes
                 .image
                 .clone()
-                .map(|image| Upstream::new(image, Arc::clone(metrics), None)),
+                .map(|image| Upstream::new(image, Arc::clone(metrics))),
             metrics: Arc::clone(metrics),
             recreated,
         })

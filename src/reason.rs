@@ -48,17 +48,26 @@ pub enum ReasonError {
 }
 
 /// The containers crr-proxy stopped, and for which CRR.
+///
+/// Two locks: the data path reads `entries` on every status answer it
+/// edits, so `entries` is held only for memory work; the file's lock is
+/// held across its I/O and serialises writers alone.
 #[derive(Debug, Default)]
 pub struct Recreated {
     entries: Mutex<Entries>,
     /// Where records are appended; `None` keeps them in memory only.
-    file: Option<PathBuf>,
+    file: Option<Mutex<RecordFile>>,
 }
 
 #[derive(Debug, Default)]
 struct Entries {
     crr: HashMap<String, String>,
     order: VecDeque<String>,
+}
+
+#[derive(Debug)]
+struct RecordFile {
+    path: PathBuf,
     /// Lines in the file, to know when to compact it.
     lines: usize,
 }
@@ -84,8 +93,9 @@ impl Recreated {
             }
         };
         let mut entries = Entries::default();
+        let mut lines = 0;
         for line in text.lines() {
-            entries.lines += 1;
+            lines += 1;
             match line.split_once(' ') {
                 Some((id, crr)) if !id.is_empty() && !crr.is_empty() && !crr.contains(' ') => {
                     entries.insert(id, crr);
@@ -95,33 +105,38 @@ impl Recreated {
         }
         Ok(Self {
             entries: Mutex::new(entries),
-            file: Some(file.to_owned()),
+            file: Some(Mutex::new(RecordFile {
+                path: file.to_owned(),
+                lines,
+            })),
         })
     }
 
     /// Records that `container_id` was stopped for the CRR `namespace/name`.
     pub fn record(&self, container_id: &str, crr: &str) -> Result<(), ReasonError> {
-        let mut entries = self.lock();
-        entries.insert(container_id, crr);
-        let Some(path) = &self.file else {
+        let Some(file) = &self.file else {
+            self.lock().insert(container_id, crr);
             return Ok(());
         };
+        // The file's lock first, so that records reach the file in the
+        // order they reach memory.
+        let mut file = file.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let compacted = {
+            let mut entries = self.lock();
+            entries.insert(container_id, crr);
+            (file.lines >= 2 * KEEP).then(|| entries.text())
+        };
+        let path = file.path.clone();
         let write_error = |source| ReasonError::Write {
             path: path.clone(),
             source,
         };
-        if entries.lines >= 2 * KEEP {
+        if let Some((text, lines)) = compacted {
             // Rewritten whole, then renamed over: a crash leaves either file.
             let tmp = path.with_extension("tmp");
-            let mut text = String::new();
-            for id in &entries.order {
-                if let Some(crr) = entries.crr.get(id) {
-                    text.push_str(&format!("{id} {crr}\n"));
-                }
-            }
             std::fs::write(&tmp, text).map_err(write_error)?;
-            std::fs::rename(&tmp, path).map_err(write_error)?;
-            entries.lines = entries.order.len();
+            std::fs::rename(&tmp, &path).map_err(write_error)?;
+            file.lines = lines;
         } else {
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir).map_err(write_error)?;
@@ -129,10 +144,10 @@ impl Recreated {
             std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
-                .open(path)
+                .open(&path)
                 .and_then(|mut f| f.write_all(format!("{container_id} {crr}\n").as_bytes()))
                 .map_err(write_error)?;
-            entries.lines += 1;
+            file.lines += 1;
         }
         Ok(())
     }
@@ -159,6 +174,17 @@ impl Recreated {
 }
 
 impl Entries {
+    /// The records as the file holds them, and how many lines that is.
+    fn text(&self) -> (String, usize) {
+        let mut text = String::new();
+        for id in &self.order {
+            if let Some(crr) = self.crr.get(id) {
+                text.push_str(&format!("{id} {crr}\n"));
+            }
+        }
+        (text, self.order.len())
+    }
+
     fn insert(&mut self, id: &str, crr: &str) {
         if self.crr.insert(id.to_owned(), crr.to_owned()).is_none() {
             self.order.push_back(id.to_owned());
@@ -248,6 +274,7 @@ mod tests {
     use super::*;
     use crate::cri::v1::{ContainerState, ContainerStatus, ContainerStatusResponse};
     use prost::Message;
+    use std::sync::Arc;
 
     fn framed(message: &[u8]) -> Vec<u8> {
         let mut out = vec![0];
@@ -267,6 +294,39 @@ mod tests {
             info: Default::default(),
         }
         .encode_to_vec()
+    }
+
+    /// While a record waits on its file (here a FIFO nobody reads, so the
+    /// append cannot even open it), the data path still gets its answers.
+    #[test]
+    fn a_record_waiting_on_its_file_does_not_block_lookups() {
+        let dir = std::env::temp_dir().join(format!("crr-proxy-fifo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("recreated");
+        let recreated = Arc::new(Recreated::open(&file).unwrap());
+        recreated.record("abc", "shop/first").unwrap();
+        std::fs::remove_file(&file).unwrap();
+        let made = std::process::Command::new("mkfifo").arg(&file).status();
+        assert!(made.unwrap().success());
+        let writer = {
+            let recreated = Arc::clone(&recreated);
+            std::thread::spawn(move || recreated.record("def", "shop/second"))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = {
+            let recreated = Arc::clone(&recreated);
+            std::thread::spawn(move || tx.send(recreated.reason("abc").is_some()))
+        };
+        let answered = rx.recv_timeout(std::time::Duration::from_secs(5));
+        // Lets the writer finish either way: open the FIFO's reading end.
+        let drained = std::fs::read_to_string(&file).unwrap();
+        assert_eq!(answered, Ok(true), "the lookup waited for the file");
+        assert_eq!(drained, "def shop/second\n");
+        writer.join().unwrap().unwrap();
+        reader.join().unwrap().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

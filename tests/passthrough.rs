@@ -297,13 +297,21 @@ async fn runtime_down_is_unavailable_at_once_and_service_resumes() {
     assert_eq!(upstream.seen().len(), 1);
 
     // The client that connected while the runtime was away carries on: its
-    // calls reach the runtime (which does not know Version), and when the
-    // proxy hands it over to a relayed connection (GOAWAY), none is lost.
-    for seen in 2..=6 {
+    // connection is handed over to a relayed one (GOAWAY), with at most one
+    // call refused on the way (REFUSED_STREAM: not processed, which tonic
+    // does not retry by itself), and its calls reach the runtime (which does
+    // not know Version).
+    let mut refusals = 0;
+    for _ in 0..6 {
         let status = client.version(VersionRequest::default()).await.unwrap_err();
+        if support::refused(&status) {
+            refusals += 1;
+            continue;
+        }
         assert_eq!(status.code(), tonic::Code::Unimplemented, "{status:?}");
-        assert_eq!(upstream.seen().len(), seen);
     }
+    assert!(refusals <= 1, "{refusals} calls refused");
+    assert_eq!(upstream.seen().len(), 7 - refusals);
 }
 
 /// A proxy whose record says the fake upstream's stopped container was

@@ -12,6 +12,7 @@ pub(super) const HEADERS: u8 = 0x1;
 pub(super) const RST_STREAM: u8 = 0x3;
 pub(super) const SETTINGS: u8 = 0x4;
 pub(super) const PUSH_PROMISE: u8 = 0x5;
+pub(super) const PING: u8 = 0x6;
 pub(super) const GOAWAY: u8 = 0x7;
 pub(super) const WINDOW_UPDATE: u8 = 0x8;
 pub(super) const CONTINUATION: u8 = 0x9;
@@ -32,8 +33,15 @@ pub(super) const DEFAULT_MAX_FRAME: usize = 16_384;
 /// The largest SETTINGS_MAX_FRAME_SIZE allowed (2^24 - 1).
 pub(super) const MAX_FRAME_LIMIT: usize = (1 << 24) - 1;
 
-/// `NO_ERROR`, as GOAWAY carries it.
+/// Error codes (RFC 9113 §7), as GOAWAY and RST_STREAM carry them.
 pub(super) const NO_ERROR: u32 = 0x0;
+pub(super) const PROTOCOL_ERROR: u32 = 0x1;
+pub(super) const FRAME_SIZE_ERROR: u32 = 0x6;
+pub(super) const REFUSED_STREAM: u32 = 0x7;
+pub(super) const COMPRESSION_ERROR: u32 = 0x9;
+
+/// The largest stream ID (GOAWAY's "every stream may be processed").
+pub(super) const MAX_STREAM: u32 = u32::MAX >> 1;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub(super) enum FrameError {
@@ -142,9 +150,10 @@ pub(super) fn window_update(stream: u32, increment: u32, out: &mut BytesMut) {
     out.put_u32(increment);
 }
 
-pub(super) fn goaway(last_stream: u32, code: u32, out: &mut BytesMut) {
+/// GOAWAY, with `debug` as its additional debug data.
+pub(super) fn goaway(last_stream: u32, code: u32, debug: &[u8], out: &mut BytesMut) {
     Head {
-        len: 8,
+        len: 8 + debug.len(),
         kind: GOAWAY,
         flags: 0,
         stream: 0,
@@ -152,6 +161,33 @@ pub(super) fn goaway(last_stream: u32, code: u32, out: &mut BytesMut) {
     .encode(out);
     out.put_u32(last_stream);
     out.put_u32(code);
+    out.extend_from_slice(debug);
+}
+
+pub(super) fn rst_stream(stream: u32, code: u32, out: &mut BytesMut) {
+    Head {
+        len: 4,
+        kind: RST_STREAM,
+        flags: 0,
+        stream,
+    }
+    .encode(out);
+    out.put_u32(code);
+}
+
+/// A SETTINGS frame (`ACK` in `flags`, or the `settings` it carries).
+pub(super) fn settings(flags: u8, settings: &[(u16, u32)], out: &mut BytesMut) {
+    Head {
+        len: 6 * settings.len(),
+        kind: SETTINGS,
+        flags,
+        stream: 0,
+    }
+    .encode(out);
+    for &(id, value) in settings {
+        out.put_u16(id);
+        out.put_u32(value);
+    }
 }
 
 /// The gRPC status a stream ends with when the runtime went away under it:

@@ -1,49 +1,69 @@
 //! The fast path: one client connection relayed frame by frame onto one
 //! runtime connection of its own.
 //!
-//! Nothing is re-encoded. The connection preface, SETTINGS, PINGs, stream
-//! IDs, HPACK blocks and DATA frames go through as they came, so the two
-//! ends negotiate with each other and the relay costs about what a byte
-//! splice costs. The relay still reads every frame header and decodes every
-//! header block (HPACK is stateful; a skipped block would desynchronise its
+//! Nearly nothing is re-encoded. The connection preface, PINGs, stream IDs,
+//! HPACK blocks and DATA frames go through as they came, so the two ends
+//! negotiate with each other and the relay costs about what a byte splice
+//! costs. The relay still reads every frame header and decodes every header
+//! block (HPACK is stateful; a skipped block would desynchronise its
 //! table), which is what it needs for three jobs:
 //! - counting calls: the method from a request's `:path`, the code from the
 //!   response's `grpc-status`;
-//! - answering `UNAVAILABLE` on the calls in flight when the runtime goes away;
+//! - answering `UNAVAILABLE` when the runtime is unreachable or goes away;
 //! - editing the status answers of recreated containers (`reason`). An edit
-//!   changes the length of a response, so for those streams the relay takes
-//!   over flow control: it credits the runtime for what it received, sends
-//!   the client no more than the client's windows allow, and keeps the
-//!   client's connection-level credits for the extra bytes to itself.
+//!   changes the length of a response, so for those streams the relay runs
+//!   flow control itself (`flow`), and an answer that waits for the client's
+//!   window is held by its stream alone (`streams`).
 //!
-//! Frames the relay writes itself never touch either HPACK table: the status
-//! answers use only literals without indexing and a static-table entry.
+//! One change is made to what passes: the client's SETTINGS tell the runtime
+//! that the client's HPACK table holds nothing (SETTINGS_HEADER_TABLE_SIZE
+//! 0). The runtime's header blocks then never refer to each other, so a
+//! stream's held trailers may follow other streams' answers. Frames the
+//! relay writes itself never touch either HPACK table, and never split a
+//! header block (`outbound`).
+//!
+//! Parts: `codec` reassembles and decodes header blocks; `flow` is the
+//! windows arithmetic; `streams` owns each stream's held frames; `requests`
+//! and `responses` handle the two directions' frames; `standin` answers
+//! while the runtime is unreachable; this file owns the sockets.
 
-use std::collections::{HashMap, VecDeque};
 use std::future::poll_fn;
 use std::io;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::BytesMut;
 use tokio::net::UnixStream;
 use tokio::sync::watch;
 use tracing::debug;
 
-use super::body::{Call, UNAVAILABLE, UNKNOWN, unavailable_message};
+use super::Endpoint;
 use super::frame::{self, FrameError, HEAD_LEN, Head};
 use super::hpack;
 use super::socket::{Inbox, Socket};
-use super::{Endpoint, editor_for};
 use crate::metrics::Metrics;
-use crate::reason::{Editor, Recreated};
-use codec::{Block, Blocks, CodecError};
+use crate::reason::Recreated;
+use codec::{Blocks, CodecError};
+use flow::ClientFlow;
+use outbound::Outbound;
+use streams::Streams;
 
 mod codec;
+mod flow;
+mod outbound;
+mod requests;
+mod responses;
+pub(super) mod standin;
+mod streams;
 
 /// How much the relay buffers towards one side before it stops reading
 /// from the other: the far end's own flow control keeps it well below this.
 const HIGH_WATER: usize = 256 << 10;
+
+/// How long a connection that is ending (its runtime gone, or the client
+/// broke the protocol) may take to hand the client what is queued for it.
+const LINGER: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub(super) enum RelayError {
@@ -61,11 +81,32 @@ pub(super) enum RelayError {
     Client(#[source] io::Error),
 }
 
+impl RelayError {
+    /// The error code of the GOAWAY that tells the peer (RFC 9113 §7).
+    fn code(&self) -> u32 {
+        match self {
+            Self::FrameTooLarge { .. } => frame::FRAME_SIZE_ERROR,
+            Self::Codec(CodecError::Hpack(_)) => frame::COMPRESSION_ERROR,
+            _ => frame::PROTOCOL_ERROR,
+        }
+    }
+}
+
 /// One client connection and its runtime connection.
 pub(super) struct Relay {
     client: Socket,
     upstream: Socket,
     state: State,
+    /// The connection began to end, and the caller knows (`Step::Ending`).
+    ending: bool,
+}
+
+/// Why `Relay::poll` returned.
+enum Step {
+    Finished,
+    /// The connection is ending: what is queued for the client still goes,
+    /// for at most `LINGER`.
+    Ending,
 }
 
 impl Relay {
@@ -80,6 +121,7 @@ impl Relay {
             client: Socket::new(client)?,
             upstream: Socket::new(upstream)?,
             state: State::new(endpoint, metrics, recreated),
+            ending: false,
         })
     }
 
@@ -87,94 +129,122 @@ impl Relay {
     /// the client to go elsewhere and finishes the calls in flight.
     pub(super) async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         self.state.metrics.upstream_connected();
-        let ended = tokio::select! {
-            ended = poll_fn(|cx| self.poll(cx)) => Some(ended),
-            _ = shutdown.wait_for(|stop| *stop) => None,
-        };
-        let ended = match ended {
-            Some(ended) => ended,
-            None => {
-                self.state.drain();
-                poll_fn(|cx| self.poll(cx)).await
+        let mut draining = false;
+        let linger = tokio::time::sleep(Duration::MAX);
+        tokio::pin!(linger);
+        loop {
+            tokio::select! {
+                step = poll_fn(|cx| self.poll(cx)) => match step {
+                    Step::Finished => break,
+                    Step::Ending => {
+                        let deadline = tokio::time::Instant::now() + LINGER;
+                        linger.as_mut().reset(deadline);
+                    }
+                },
+                _ = shutdown.wait_for(|stop| *stop), if !draining => {
+                    draining = true;
+                    self.state.drain();
+                }
+                () = &mut linger => {
+                    debug!("the client did not take what was queued for it in time");
+                    break;
+                }
             }
-        };
-        if let Err(error) = ended {
-            // Only this client's connection ends.
-            debug!(%error, "client connection ended with an error");
         }
         self.state.metrics.upstream_disconnected();
+        self.client.close(self.state.ends.client_eof).await;
     }
 
-    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), RelayError>> {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Step> {
         let Self {
             client,
             upstream,
             state,
+            ending,
         } = self;
         loop {
             let mut progress = false;
-            if state.upstream_broken {
+            let ends = &mut state.ends;
+            if ends.upstream_broken || ends.failed {
                 state.to_upstream.clear();
-            } else if !state.to_upstream.is_empty() {
-                match upstream.poll_write(cx, &state.to_upstream) {
+            } else if !state.to_upstream.data().is_empty() {
+                match upstream.poll_write(cx, state.to_upstream.data()) {
                     Poll::Ready(Ok(n)) => {
                         state.to_upstream.advance(n);
-                        if state.to_upstream.is_empty() && upstream.drained().is_err() {
-                            state.upstream_broken = true;
+                        if state.to_upstream.data().is_empty() && upstream.drained().is_err() {
+                            ends.upstream_broken = true;
                         }
                         progress = true;
                     }
                     // The runtime closed: what it sent before still reaches
                     // the client, and its end is seen by the reader.
                     Poll::Ready(Err(_)) => {
-                        state.upstream_broken = true;
+                        ends.upstream_broken = true;
                         progress = true;
                     }
                     Poll::Pending => {}
                 }
-            } else if state.client_eof && !state.upstream_shut {
+            } else if ends.client_eof && !ends.upstream_shut && state.to_upstream.is_empty() {
                 // The client finished: let the runtime see it too.
-                state.upstream_shut = true;
+                ends.upstream_shut = true;
                 upstream.shutdown_write();
             }
-            if !state.to_client.is_empty() {
-                match client.poll_write(cx, &state.to_client) {
+            if !state.to_client.data().is_empty() {
+                match client.poll_write(cx, state.to_client.data()) {
                     Poll::Ready(Ok(n)) => {
                         state.to_client.advance(n);
-                        if state.to_client.is_empty() && client.drained().is_err() {
-                            return Poll::Ready(Ok(()));
+                        if state.to_client.data().is_empty() && client.drained().is_err() {
+                            return Poll::Ready(Step::Finished);
                         }
                         progress = true;
                     }
-                    Poll::Ready(Err(_)) => return Poll::Ready(Ok(())),
+                    Poll::Ready(Err(_)) => return Poll::Ready(Step::Finished),
                     Poll::Pending => {}
                 }
             }
             if state.finished() {
-                return Poll::Ready(Ok(()));
+                return Poll::Ready(Step::Finished);
             }
-            if !state.client_eof && state.to_upstream.len() < HIGH_WATER {
+            if state.ending() && !*ending {
+                *ending = true;
+                return Poll::Ready(Step::Ending);
+            }
+            if !state.ends.failed && !state.ends.client_eof && state.to_upstream.len() < HIGH_WATER
+            {
                 match client.poll_read(cx, &mut state.from_client) {
                     Poll::Ready(Ok(0)) => {
-                        state.client_eof = true;
+                        state.ends.client_eof = true;
                         progress = true;
                     }
                     Poll::Ready(Ok(_)) => {
-                        state.client_frames()?;
+                        if let Err(error) = state.client_frames() {
+                            state.fail(&error);
+                        }
                         progress = true;
                     }
-                    Poll::Ready(Err(error)) => return Poll::Ready(Err(RelayError::Client(error))),
+                    Poll::Ready(Err(error)) => {
+                        // Only this client's connection ends.
+                        debug!(error = %RelayError::Client(error), "client connection ended");
+                        return Poll::Ready(Step::Finished);
+                    }
                     Poll::Pending => {}
                 }
             }
-            if !state.upstream_eof && state.to_client.len() + state.held_bytes < HIGH_WATER {
+            // Held answers do not count here: they wait for their own
+            // stream's window, and must not stop the others.
+            if !state.ends.failed && !state.ends.upstream_eof && state.to_client.len() < HIGH_WATER
+            {
                 match upstream.poll_read(cx, &mut state.from_upstream) {
                     Poll::Ready(Ok(0) | Err(_)) => {
                         state.upstream_gone();
                         progress = true;
                     }
                     Poll::Ready(Ok(_)) => {
-                        state.upstream_frames()?;
+                        if let Err(error) = state.upstream_frames() {
+                            debug!(%error, "the runtime broke the protocol");
+                            state.ends.upstream_broken = true;
+                            state.upstream_gone();
+                        }
                         progress = true;
                     }
                     Poll::Pending => {}
@@ -187,100 +257,66 @@ impl Relay {
     }
 }
 
-/// A frame on its way to the client, held until the client's flow-control
-/// windows have room for it. Everything after a held frame waits behind it:
-/// header blocks must reach the client in the order the runtime encoded them.
-enum Held {
-    Frame(Bytes),
-    Data(Data),
-    /// The stream is over once everything before this has gone.
-    Forget(u32),
-}
-
-/// DATA for the client, sent in as many frames as its windows require.
-struct Data {
-    stream: u32,
-    data: Bytes,
-    end_stream: bool,
-    /// Padding the runtime sent (and counted) with it.
-    padding: usize,
-    /// The relay runs this stream's flow control (see `Edit`).
-    edited: bool,
-}
-
-impl Data {
-    fn edited(stream: u32, data: Bytes, end_stream: bool) -> Self {
-        Self {
-            stream,
-            data,
-            end_stream,
-            padding: 0,
-            edited: true,
-        }
-    }
-}
-
-struct Stream {
-    call: Call,
-    /// The runtime has sent the response headers.
-    responded: bool,
-    edit: Option<Edit>,
-}
-
-/// A stream whose response the relay edits, and so whose flow control it
-/// runs itself.
-struct Edit {
-    editor: Editor,
-    recreated: Arc<Recreated>,
-    /// The client's window for this stream.
-    window: i64,
-    /// Received from the runtime on this stream, not yet credited back.
-    uncredited: u32,
-}
-
-enum Drain {
-    No,
-    /// GOAWAY is due once the runtime's header block in progress ends.
-    Due,
-    Sent,
-}
-
-struct State {
-    endpoint: Endpoint,
-    metrics: Arc<Metrics>,
-    recreated: Option<Arc<Recreated>>,
-    from_client: Inbox,
-    from_upstream: Inbox,
-    to_upstream: BytesMut,
-    to_client: BytesMut,
+/// How far each side has got.
+#[derive(Debug, Default)]
+struct Ends {
     preface_seen: bool,
     client_eof: bool,
     upstream_eof: bool,
     upstream_shut: bool,
     /// Writing to the runtime failed; what would go there is dropped.
     upstream_broken: bool,
+    /// The client broke the protocol: only what is queued for it still goes.
+    failed: bool,
+    /// Shutting down: the client was told to go elsewhere.
+    draining: bool,
+}
+
+/// The GOAWAYs of the connection (RFC 9113 §6.8).
+#[derive(Debug, Default)]
+struct Goaways {
+    /// The highest stream the client opened.
+    last_client_stream: u32,
+    /// The last stream the runtime said it would process.
+    upstream: Option<u32>,
+    /// The lowest last-stream ID the client was sent.
+    sent: Option<u32>,
+}
+
+impl Goaways {
+    /// The last-stream ID a GOAWAY meaning `last` may carry: never more
+    /// than one sent before, or the client's HTTP/2 stack rejects it.
+    fn next(&mut self, last: u32) -> u32 {
+        let last = self.sent.map_or(last, |sent| sent.min(last));
+        self.sent = Some(last);
+        last
+    }
+}
+
+/// One relayed connection, apart from its sockets.
+struct State {
+    endpoint: Endpoint,
+    metrics: Arc<Metrics>,
+    recreated: Option<Arc<Recreated>>,
+    from_client: Inbox,
+    from_upstream: Inbox,
+    to_upstream: Outbound,
+    to_client: Outbound,
+    ends: Ends,
     requests: Blocks,
     responses: Blocks,
-    streams: HashMap<u32, Stream>,
-    held: VecDeque<Held>,
-    held_bytes: usize,
-    /// The client's connection window, as the relay has spent it.
-    client_window: i64,
-    /// Connection-level credit the client will return for edited bytes the
-    /// runtime never sent; kept back from the runtime.
-    owed: i64,
-    client_initial_window: i64,
+    streams: Streams,
+    flow: ClientFlow,
+    /// The largest frame the client accepts.
     client_max_frame: usize,
     /// The largest frame the runtime accepts (what the client may send).
     upstream_max_frame: usize,
-    last_client_stream: u32,
-    /// The last stream the runtime said it would process (its GOAWAY).
-    upstream_goaway: Option<u32>,
-    /// Received from the runtime on edited streams, not yet credited back on
-    /// the connection. Kept apart from the streams' own counts, which go
-    /// with the stream when it ends.
+    goaways: Goaways,
+    /// Connection credit for edited bytes the relay holds, kept back from
+    /// the runtime while it holds more than `HELD_LIMIT` (`responses`).
     uncredited: u32,
-    drain: Drain,
+    /// The client's first SETTINGS has passed.
+    settings_seen: bool,
 }
 
 impl State {
@@ -291,547 +327,82 @@ impl State {
             recreated,
             from_client: Inbox::default(),
             from_upstream: Inbox::default(),
-            to_upstream: BytesMut::new(),
-            to_client: BytesMut::new(),
-            preface_seen: false,
-            client_eof: false,
-            upstream_eof: false,
-            upstream_shut: false,
-            upstream_broken: false,
+            to_upstream: Outbound::default(),
+            to_client: Outbound::default(),
+            ends: Ends::default(),
             requests: Blocks::new(hpack::Decoder::new()),
-            responses: Blocks::new(hpack::Decoder::new()),
-            streams: HashMap::new(),
-            held: VecDeque::new(),
-            held_bytes: 0,
-            client_window: frame::DEFAULT_WINDOW,
-            owed: 0,
-            client_initial_window: frame::DEFAULT_WINDOW,
+            // The runtime is told the client's table is empty.
+            responses: Blocks::new(hpack::Decoder::with_limit(0)),
+            streams: Streams::default(),
+            flow: ClientFlow::default(),
             client_max_frame: frame::DEFAULT_MAX_FRAME,
             upstream_max_frame: frame::DEFAULT_MAX_FRAME,
-            last_client_stream: 0,
-            upstream_goaway: None,
+            goaways: Goaways::default(),
             uncredited: 0,
-            drain: Drain::No,
+            settings_seen: false,
         }
     }
 
-    /// Nothing more to do: the runtime is gone (or, draining, every call has
-    /// finished) and the client has everything it will get.
+    /// Nothing more to do: the client has everything it will get, and the
+    /// runtime is gone (or, draining, every call has finished).
     fn finished(&self) -> bool {
-        let settled = self.upstream_eof
-            || (matches!(self.drain, Drain::Sent) && self.streams.is_empty())
-            || (self.client_eof && self.to_upstream.is_empty() && self.streams.is_empty());
-        settled && self.to_client.is_empty() && self.held.is_empty()
+        if self.ends.failed {
+            // What waits behind an open header block cannot go.
+            return self.to_client.data().is_empty();
+        }
+        let settled = self.ends.upstream_eof
+            || (self.ends.draining && self.streams.is_empty())
+            || (self.ends.client_eof && self.to_upstream.is_empty() && self.streams.is_empty());
+        settled && self.to_client.is_empty() && !self.streams.any_waiting()
     }
 
-    // --- client to runtime ---
-
-    fn client_frames(&mut self) -> Result<(), RelayError> {
-        // Taken out while its frames are handled, which need `self`.
-        let mut inbox = std::mem::take(&mut self.from_client);
-        let handled = self.client_frames_in(&mut inbox);
-        self.from_client = inbox;
-        handled
+    /// Only what is queued for the client is left to do.
+    fn ending(&self) -> bool {
+        self.ends.failed || self.ends.upstream_eof
     }
 
-    fn client_frames_in(&mut self, inbox: &mut Inbox) -> Result<(), RelayError> {
-        if !self.preface_seen {
-            let n = inbox.len().min(frame::PREFACE.len());
-            if inbox.data()[..n] != frame::PREFACE[..n] {
-                return Err(RelayError::Preface);
-            }
-            if n < frame::PREFACE.len() {
-                return Ok(());
-            }
-            self.to_upstream.extend_from_slice(frame::PREFACE);
-            inbox.consume(n);
-            self.preface_seen = true;
-        }
-        while let Some(head) = Head::parse(inbox.data()) {
-            if head.len > self.upstream_max_frame {
-                return Err(RelayError::FrameTooLarge {
-                    len: head.len,
-                    limit: self.upstream_max_frame,
-                });
-            }
-            let Some(frame) = inbox.data().get(..HEAD_LEN + head.len) else {
-                break;
-            };
-            self.client_frame(head, frame)?;
-            inbox.consume(HEAD_LEN + head.len);
-        }
-        Ok(())
+    /// Tells the client no stream after `last` was or will be processed.
+    fn goaway(&mut self, last: u32, code: u32, debug: &[u8]) {
+        let last = self.goaways.next(last);
+        self.to_client
+            .own(|out| frame::goaway(last, code, debug, out));
     }
 
-    fn client_frame(&mut self, head: Head, frame: &[u8]) -> Result<(), RelayError> {
-        let payload = &frame[HEAD_LEN..];
-        self.requests.check(head)?;
-        match head.kind {
-            frame::HEADERS | frame::CONTINUATION => {
-                if let Some(block) = self.requests.frame(head, payload)? {
-                    self.request(block);
-                }
-            }
-            frame::SETTINGS if head.flags & frame::ACK == 0 => {
-                for (id, value) in head.settings(payload)? {
-                    self.client_setting(id, value);
-                }
-            }
-            frame::WINDOW_UPDATE => return self.client_window_update(head, payload, frame),
-            frame::RST_STREAM => {
-                // The call's metrics say CANCELLED as it drops.
-                self.streams.remove(&head.stream);
-            }
-            _ => {}
-        }
-        self.to_upstream.extend_from_slice(frame);
-        Ok(())
-    }
-
-    fn request(&mut self, block: Block) {
-        if block.stream <= self.last_client_stream {
-            // Trailers from the client, or a stream the runtime will refuse.
-            return;
-        }
-        self.last_client_stream = block.stream;
-        let path = block.fields.path.unwrap_or_default();
-        let path = std::str::from_utf8(&path).unwrap_or_default();
-        let edit = editor_for(path, self.recreated.as_ref()).map(|(editor, recreated)| Edit {
-            editor,
-            recreated,
-            window: self.client_initial_window,
-            uncredited: 0,
-        });
-        let call = Call::start(&self.metrics, path);
-        self.streams.insert(
-            block.stream,
-            Stream {
-                call,
-                responded: false,
-                edit,
-            },
-        );
-    }
-
-    fn client_setting(&mut self, id: u16, value: u32) {
-        match id {
-            frame::SETTINGS_INITIAL_WINDOW_SIZE => {
-                let delta = i64::from(value) - self.client_initial_window;
-                self.client_initial_window = i64::from(value);
-                for edit in self.streams.values_mut().filter_map(|s| s.edit.as_mut()) {
-                    edit.window += delta;
-                }
-            }
-            frame::SETTINGS_MAX_FRAME_SIZE => {
-                // RFC 9113 §6.5.2's range: a zero here would leave edited
-                // answers waiting for room that never comes.
-                let value = usize::try_from(value).unwrap_or(frame::DEFAULT_MAX_FRAME);
-                self.client_max_frame =
-                    value.clamp(frame::DEFAULT_MAX_FRAME, frame::MAX_FRAME_LIMIT);
-            }
-            frame::SETTINGS_HEADER_TABLE_SIZE => self.responses.allow_table(value),
-            _ => {}
-        }
-    }
-
-    fn client_window_update(
-        &mut self,
-        head: Head,
-        payload: &[u8],
-        frame: &[u8],
-    ) -> Result<(), RelayError> {
-        let increment = head.increment(payload)?;
-        if head.stream == 0 {
-            self.client_window += i64::from(increment);
-            let repaid = self.owed.min(i64::from(increment));
-            self.owed -= repaid;
-            let forward = i64::from(increment) - repaid;
-            if repaid == 0 {
-                self.to_upstream.extend_from_slice(frame);
-            } else if let Ok(forward @ 1..) = u32::try_from(forward) {
-                frame::window_update(0, forward, &mut self.to_upstream);
-            }
-        } else {
-            match self
-                .streams
-                .get_mut(&head.stream)
-                .and_then(|s| s.edit.as_mut())
-            {
-                // The relay credits the runtime for this stream itself.
-                Some(edit) => edit.window += i64::from(increment),
-                None => self.to_upstream.extend_from_slice(frame),
-            }
-        }
-        if !self.held.is_empty() {
-            self.flush_held();
-        }
-        Ok(())
-    }
-
-    // --- runtime to client ---
-
-    fn upstream_frames(&mut self) -> Result<(), RelayError> {
-        let mut inbox = std::mem::take(&mut self.from_upstream);
-        let handled = self.upstream_frames_in(&mut inbox);
-        self.from_upstream = inbox;
-        handled
-    }
-
-    fn upstream_frames_in(&mut self, inbox: &mut Inbox) -> Result<(), RelayError> {
-        // The client's limit; a runtime frame above it would be an error
-        // at the client anyway, and this bounds what the relay buffers.
-        let limit = self.client_max_frame.max(frame::DEFAULT_MAX_FRAME);
-        while let Some(head) = Head::parse(inbox.data()) {
-            if head.len > limit {
-                return Err(RelayError::FrameTooLarge {
-                    len: head.len,
-                    limit,
-                });
-            }
-            let Some(frame) = inbox.data().get(..HEAD_LEN + head.len) else {
-                break;
-            };
-            self.upstream_frame(head, frame)?;
-            inbox.consume(HEAD_LEN + head.len);
-            if matches!(self.drain, Drain::Due) && self.responses.open().is_none() {
-                self.send_goaway();
-            }
-        }
-        Ok(())
-    }
-
-    fn upstream_frame(&mut self, head: Head, frame: &[u8]) -> Result<(), RelayError> {
-        self.responses.check(head)?;
-        match head.kind {
-            frame::DATA => return self.upstream_data(head, frame),
-            frame::HEADERS | frame::CONTINUATION => {
-                let decoded = self.responses.frame(head, &frame[HEAD_LEN..])?;
-                if head.kind == frame::HEADERS {
-                    self.response_headers(head);
-                }
-                self.send_frame(frame);
-                if let Some(block) = decoded.filter(|b| b.end_stream) {
-                    self.end_call(block.stream, block.fields.grpc_status.unwrap_or(UNKNOWN));
-                }
-                return Ok(());
-            }
-            frame::SETTINGS if head.flags & frame::ACK == 0 => {
-                for (id, value) in head.settings(&frame[HEAD_LEN..])? {
-                    match id {
-                        frame::SETTINGS_HEADER_TABLE_SIZE => self.requests.allow_table(value),
-                        frame::SETTINGS_MAX_FRAME_SIZE => {
-                            let value = usize::try_from(value).unwrap_or(frame::DEFAULT_MAX_FRAME);
-                            self.upstream_max_frame = self.upstream_max_frame.max(value);
-                        }
-                        _ => {}
-                    }
-                }
-            }
-            frame::RST_STREAM => {
-                self.send_frame(frame);
-                self.forget(head.stream);
-                return Ok(());
-            }
-            frame::GOAWAY => {
-                let last = frame
-                    .get(HEAD_LEN..HEAD_LEN + 4)
-                    .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) & 0x7fff_ffff);
-                self.upstream_goaway = last.or(Some(0));
-            }
-            frame::PUSH_PROMISE => return Err(RelayError::Push),
-            _ => {}
-        }
-        self.send_frame(frame);
-        Ok(())
-    }
-
-    /// Before a response's headers (or its trailers) go on: what the editor
-    /// still holds goes first.
-    fn response_headers(&mut self, head: Head) {
-        let Some(stream) = self.streams.get_mut(&head.stream) else {
-            return;
-        };
-        stream.responded = true;
-        if head.flags & frame::END_STREAM == 0 {
-            return;
-        }
-        if let Some(rest) = stream.edit.as_mut().and_then(|e| e.editor.finish()) {
-            self.send_data(Data::edited(head.stream, rest, false));
-        }
-    }
-
-    fn upstream_data(&mut self, head: Head, frame: &[u8]) -> Result<(), RelayError> {
-        let end_stream = head.flags & frame::END_STREAM != 0;
-        let edit = self
-            .streams
-            .get_mut(&head.stream)
-            .and_then(|s| s.edit.as_mut());
-        let Some(edit) = edit else {
-            if self.held.is_empty() && self.room(head.stream, false) >= head.len {
-                // The common case: the frame goes on as it came.
-                self.spend(head.len, head.stream, false);
-                self.to_client.extend_from_slice(frame);
-            } else {
-                let range = head.data(&frame[HEAD_LEN..])?;
-                self.send_data(Data {
-                    stream: head.stream,
-                    padding: head.len - range.len(),
-                    data: Bytes::copy_from_slice(&frame[HEAD_LEN..][range]),
-                    end_stream,
-                    edited: false,
-                });
-            }
-            if end_stream {
-                // A response without trailers is no complete gRPC answer.
-                self.end_call(head.stream, UNKNOWN);
-            }
-            return Ok(());
-        };
-        let range = head.data(&frame[HEAD_LEN..])?;
-        let data = Bytes::copy_from_slice(&frame[HEAD_LEN..][range]);
-        let mut out = edit
-            .editor
-            .push(data, edit.recreated.as_ref())
-            .unwrap_or_default();
-        if end_stream {
-            if let Some(rest) = edit.editor.finish() {
-                let mut joined = BytesMut::from(&out[..]);
-                joined.extend_from_slice(&rest);
-                out = joined.freeze();
-            }
-        }
-        let received = u32::try_from(head.len).unwrap_or(u32::MAX);
-        if self.held.is_empty() {
-            credit(&mut self.to_upstream, head.stream, received, !end_stream);
-        } else {
-            // Credit waits until the client has taken what waits before it,
-            // so the runtime cannot run further ahead of the client.
-            self.uncredited = self.uncredited.saturating_add(received);
-            if !end_stream {
-                edit.uncredited = edit.uncredited.saturating_add(received);
-            }
-        }
-        self.send_data(Data::edited(head.stream, out, end_stream));
-        if end_stream {
-            self.end_call(head.stream, UNKNOWN);
-        }
-        Ok(())
-    }
-
-    fn end_call(&mut self, stream: u32, code: u32) {
-        if let Some(s) = self.streams.get_mut(&stream) {
-            s.call.finish(code);
-        }
-        self.forget(stream);
-    }
-
-    fn forget(&mut self, stream: u32) {
-        if self.held.is_empty() {
-            self.streams.remove(&stream);
-        } else {
-            self.held.push_back(Held::Forget(stream));
-        }
-    }
-
-    fn send_frame(&mut self, frame: &[u8]) {
-        if self.held.is_empty() {
-            self.to_client.extend_from_slice(frame);
-        } else {
-            self.held_bytes += frame.len();
-            self.held
-                .push_back(Held::Frame(Bytes::copy_from_slice(frame)));
-        }
-    }
-
-    /// Sends `data` now as far as the client's windows allow; the rest
-    /// waits in `held`.
-    fn send_data(&mut self, mut data: Data) {
-        if self.held.is_empty() && self.send_some(&mut data) {
-            return;
-        }
-        self.held_bytes += data.data.len();
-        self.held.push_back(Held::Data(data));
-    }
-
-    /// Sends what fits of `d` as DATA frames; true once all of it is sent.
-    fn send_some(&mut self, d: &mut Data) -> bool {
-        loop {
-            let n = self
-                .room(d.stream, d.edited)
-                .min(d.data.len())
-                .min(self.client_max_frame);
-            if n == 0 && !d.data.is_empty() {
-                return false;
-            }
-            let piece = d.data.split_to(n);
-            let last = d.data.is_empty();
-            if n > 0 || d.end_stream {
-                let flags = match last && d.end_stream {
-                    true => frame::END_STREAM,
-                    false => 0,
-                };
-                Head {
-                    len: n,
-                    kind: frame::DATA,
-                    flags,
-                    stream: d.stream,
-                }
-                .encode(&mut self.to_client);
-                self.to_client.extend_from_slice(&piece);
-                self.spend(n, d.stream, d.edited);
-            }
-            if last {
-                // Padding the runtime counted and the client never sees:
-                // the relay gives that credit back itself.
-                if let Ok(padding @ 1..) = u32::try_from(d.padding) {
-                    credit(
-                        &mut self.to_upstream,
-                        d.stream,
-                        padding,
-                        !d.end_stream && !d.edited,
-                    );
-                }
-                return true;
-            }
-        }
-    }
-
-    /// How many DATA bytes the client accepts now on `stream`.
-    fn room(&self, stream: u32, edited: bool) -> usize {
-        let mut room = self.client_window;
-        if edited {
-            // The runtime keeps within the client's window for streams the
-            // relay does not edit; for edited ones the relay must.
-            if let Some(edit) = self.streams.get(&stream).and_then(|s| s.edit.as_ref()) {
-                room = room.min(edit.window);
-            }
-        }
-        usize::try_from(room).unwrap_or(0)
-    }
-
-    fn spend(&mut self, len: usize, stream: u32, edited: bool) {
-        let len = i64::try_from(len).unwrap_or(i64::MAX);
-        self.client_window -= len;
-        if edited {
-            self.owed += len;
-            if let Some(edit) = self.streams.get_mut(&stream).and_then(|s| s.edit.as_mut()) {
-                edit.window -= len;
-            }
-        }
-    }
-
-    /// Sends what the client's windows now have room for, in order.
-    fn flush_held(&mut self) {
-        while let Some(front) = self.held.pop_front() {
-            match front {
-                Held::Frame(frame) => {
-                    self.held_bytes -= frame.len();
-                    self.to_client.extend_from_slice(&frame);
-                }
-                Held::Forget(stream) => {
-                    self.streams.remove(&stream);
-                }
-                Held::Data(mut data) => {
-                    let before = data.data.len();
-                    let done = self.send_some(&mut data);
-                    self.held_bytes -= before - data.data.len();
-                    if !done {
-                        self.held.push_front(Held::Data(data));
-                        break;
-                    }
-                }
-            }
-        }
-        if self.held.is_empty() && self.uncredited > 0 {
-            frame::window_update(0, self.uncredited, &mut self.to_upstream);
-            self.uncredited = 0;
-            for (&id, stream) in &mut self.streams {
-                if let Some(edit) = stream.edit.as_mut().filter(|e| e.uncredited > 0) {
-                    frame::window_update(id, edit.uncredited, &mut self.to_upstream);
-                    edit.uncredited = 0;
-                }
-            }
-        }
-    }
-
-    /// The runtime connection closed: every call still open ends with
-    /// `UNAVAILABLE` naming the endpoint, then the client is told to go.
-    fn upstream_gone(&mut self) {
-        if self.upstream_eof {
-            return;
-        }
-        self.upstream_eof = true;
-        if self.responses.open().is_some() || !self.held.is_empty() {
-            // Nothing can be added cleanly: the client loses the connection.
-            self.held.clear();
-            self.held_bytes = 0;
-            return;
-        }
-        let message = unavailable_message(&self.endpoint, &"the connection closed");
-        let processed = self.upstream_goaway.unwrap_or(u32::MAX >> 1);
-        let mut open: Vec<u32> = self
-            .streams
-            .keys()
-            .copied()
-            .filter(|&id| id <= processed)
-            .collect();
-        open.sort_unstable();
-        for id in open {
-            if let Some(mut stream) = self.streams.remove(&id) {
-                let answer = frame::grpc_status_frame(id, stream.responded, UNAVAILABLE, &message);
-                self.to_client.extend_from_slice(&answer);
-                stream.call.finish(UNAVAILABLE);
-            }
-        }
-        frame::goaway(
-            self.last_client_stream,
-            frame::NO_ERROR,
-            &mut self.to_client,
-        );
+    /// The client broke the protocol: it is told why, after what is queued
+    /// for it, and the runtime connection ends (RFC 9113 §5.4.1).
+    fn fail(&mut self, error: &RelayError) {
+        debug!(%error, "client connection failed");
+        self.ends.failed = true;
+        self.to_upstream.clear();
+        self.streams = Streams::default();
+        let last = self.goaways.last_client_stream;
+        self.goaway(last, error.code(), error.to_string().as_bytes());
     }
 
     /// Shutdown: tell the client to open no more streams here (RFC 9113
     /// §6.8: the largest stream ID first), and let the calls in flight end.
     fn drain(&mut self) {
-        self.drain = Drain::Due;
-        if self.responses.open().is_none() {
-            self.send_goaway();
-        }
-    }
-
-    fn send_goaway(&mut self) {
-        self.drain = Drain::Sent;
-        let mut out = BytesMut::new();
-        frame::goaway(u32::MAX >> 1, frame::NO_ERROR, &mut out);
-        self.send_frame(&out);
-    }
-}
-
-/// Returns `received` bytes of credit to the runtime, on the connection and
-/// (while it is open) on the stream.
-fn credit(out: &mut BytesMut, stream: u32, received: u32, stream_open: bool) {
-    if received == 0 {
-        return;
-    }
-    frame::window_update(0, received, out);
-    if stream_open {
-        frame::window_update(stream, received, out);
+        self.ends.draining = true;
+        self.goaway(frame::MAX_STREAM, frame::NO_ERROR, b"");
     }
 }
 
 /// The fuzz target `relay_frames` (see `fuzzing`): both sides' bytes, as
 /// records of a direction bit and a 15-bit length, fed to one relay whose
 /// record says container `abc` was recreated. Whatever comes in, the relay
-/// writes whole frames or gives up on the connection; it never panics.
+/// writes whole frames, and ends a connection it gives up on with GOAWAY;
+/// it never panics.
 pub(crate) fn fuzz(data: &[u8]) {
-    let _ = feed(data);
+    feed(data);
 }
 
 /// What a relay writes to the client and to the runtime for `data` (see
-/// `fuzz`), the runtime's end included; `None` if it gave up.
-fn feed(data: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+/// `fuzz`), the runtime's end included.
+fn feed(data: &[u8]) -> (Vec<u8>, Vec<u8>) {
     let recreated = Arc::new(Recreated::in_memory());
-    recreated.record("abc", "fuzz/crr").ok()?;
+    if let Err(error) = recreated.record("abc", "fuzz/crr") {
+        unreachable!("an in-memory record cannot fail: {error}");
+    }
     let endpoint = Endpoint::from_path("/fuzz.sock");
     let mut state = State::new(endpoint, Arc::default(), Some(recreated));
     state.from_client.extend(frame::PREFACE);
@@ -841,28 +412,35 @@ fn feed(data: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
         let len = (usize::from(high & 0x7f) << 8 | usize::from(*low)).min(tail.len());
         let (chunk, tail) = tail.split_at(len);
         rest = tail;
-        let fed = match high & 0x80 {
+        match high & 0x80 {
             0 => {
                 state.from_client.extend(chunk);
-                state.client_frames()
+                if let Err(error) = state.client_frames() {
+                    state.fail(&error);
+                }
             }
             _ => {
                 state.from_upstream.extend(chunk);
-                state.upstream_frames()
+                if state.upstream_frames().is_err() {
+                    state.ends.upstream_broken = true;
+                    state.upstream_gone();
+                }
             }
-        };
-        fed.ok()?;
-        to_client.extend_from_slice(&state.to_client.split());
-        to_upstream.extend_from_slice(&state.to_upstream.split());
+        }
+        to_client.extend_from_slice(&state.to_client.take());
+        to_upstream.extend_from_slice(&state.to_upstream.take());
+        if state.ending() {
+            break;
+        }
     }
     state.upstream_gone();
-    to_client.extend_from_slice(&state.to_client.split());
+    to_client.extend_from_slice(&state.to_client.take());
     let upstream = to_upstream
         .strip_prefix(frame::PREFACE)
         .unwrap_or(&to_upstream);
     assert!(whole_frames(upstream), "partial frame to the runtime");
     assert!(whole_frames(&to_client), "partial frame to the client");
-    Some((to_client, to_upstream))
+    (to_client, to_upstream)
 }
 
 fn whole_frames(mut buf: &[u8]) -> bool {
@@ -873,6 +451,18 @@ fn whole_frames(mut buf: &[u8]) -> bool {
         }
     }
     buf.is_empty()
+}
+
+/// Appends a frame of `kind` with `payload` (the relay's own frames).
+fn put_frame(out: &mut BytesMut, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
+    Head {
+        len: payload.len(),
+        kind,
+        flags,
+        stream,
+    }
+    .encode(out);
+    out.extend_from_slice(payload);
 }
 
 #[cfg(test)]
@@ -905,7 +495,7 @@ mod tests {
     /// relay (the client's own stream credit is not forwarded).
     #[test]
     fn an_edited_answer_is_rewritten_and_credited() {
-        let (to_client, to_upstream) = feed(&seed("unary_edit")).unwrap();
+        let (to_client, to_upstream) = feed(&seed("unary_edit"));
         assert!(contains(&to_client, crate::reason::REASON.as_bytes()));
         assert!(!contains(&to_client, b"Error"));
         let updates: Vec<(u32, u32)> = frames(to_upstream.strip_prefix(frame::PREFACE).unwrap())
@@ -991,7 +581,7 @@ mod tests {
         ]
         .concat();
 
-        let (to_client, to_upstream) = feed(&input).unwrap();
+        let (to_client, to_upstream) = feed(&input);
         let body: usize = frames(&to_client)
             .iter()
             .filter(|(h, _)| h.kind == frame::DATA)
@@ -1010,7 +600,7 @@ mod tests {
     /// in pieces that each fit, split and padded input notwithstanding.
     #[test]
     fn a_tight_window_gets_the_answer_in_pieces() {
-        let (to_client, _) = feed(&seed("tight_window")).unwrap();
+        let (to_client, _) = feed(&seed("tight_window"));
         let data: Vec<_> = frames(&to_client)
             .into_iter()
             .filter(|(h, _)| h.kind == frame::DATA)
@@ -1025,7 +615,7 @@ mod tests {
     /// the client to go.
     #[test]
     fn the_runtime_going_away_ends_open_calls_unavailable() {
-        let (to_client, _) = feed(&seed("reset_then_gone")).unwrap();
+        let (to_client, _) = feed(&seed("reset_then_gone"));
         let frames = frames(&to_client);
         let last = frames.last().unwrap();
         assert_eq!(last.0.kind, frame::GOAWAY);

@@ -6,10 +6,12 @@
 //! nothing. A `Socket` is registered for readability only; writes are tried
 //! directly, and only while one would block does it also wait to write.
 
+use std::future::poll_fn;
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
@@ -106,7 +108,34 @@ impl Socket {
             let _ = fd.get_ref().shutdown(Shutdown::Write);
         }
     }
+
+    /// Ends the connection so that what was written reaches the peer.
+    ///
+    /// Linux fails the peer's reads with ECONNRESET when a unix socket is
+    /// closed while bytes it received wait unread, and the peer may lose
+    /// what it had not read yet, a final GOAWAY included. So unless the
+    /// peer has already finished (`peer_done`), the socket says it is done
+    /// and reads, discarding, until the peer closes too (at most `CLOSE_LINGER`).
+    pub async fn close(mut self, peer_done: bool) {
+        self.shutdown_write();
+        if peer_done {
+            return;
+        }
+        let mut scratch = Inbox::default();
+        let discard = poll_fn(|cx| {
+            loop {
+                match ready!(self.poll_read(cx, &mut scratch)) {
+                    Ok(0) | Err(_) => return Poll::Ready(()),
+                    Ok(n) => scratch.consume(n),
+                }
+            }
+        });
+        let _ = tokio::time::timeout(CLOSE_LINGER, discard).await;
+    }
 }
+
+/// How long `Socket::close` waits for the peer to close.
+const CLOSE_LINGER: Duration = Duration::from_secs(1);
 
 /// Registers `stream` with the runtime for `interest` only.
 ///

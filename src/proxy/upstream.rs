@@ -8,7 +8,7 @@ use hyper::client::conn::http2::SendRequest;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::UnixStream;
-use tokio::sync::{Mutex, Notify};
+use tokio::sync::Mutex;
 use tracing::debug;
 
 use super::{Endpoint, ProxyBody};
@@ -28,23 +28,16 @@ pub(super) struct Upstream {
     endpoint: Endpoint,
     sender: Mutex<Option<SendRequest<Incoming>>>,
     metrics: Arc<Metrics>,
-    /// Told when a connection succeeds (the runtime is back).
-    returned: Option<Arc<Notify>>,
 }
 
 // === impl Upstream ===
 
 impl Upstream {
-    pub(super) fn new(
-        endpoint: Endpoint,
-        metrics: Arc<Metrics>,
-        returned: Option<Arc<Notify>>,
-    ) -> Self {
+    pub(super) fn new(endpoint: Endpoint, metrics: Arc<Metrics>) -> Self {
         Self {
             endpoint,
             sender: Mutex::new(None),
             metrics,
-            returned,
         }
     }
 
@@ -113,9 +106,6 @@ impl Upstream {
             metrics.upstream_disconnected();
         });
         debug!(endpoint = %self.endpoint, "connected to runtime");
-        if let Some(returned) = &self.returned {
-            returned.notify_one();
-        }
         Ok(sender)
     }
 }

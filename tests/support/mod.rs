@@ -152,3 +152,13 @@ pub fn init_logging() {
         crr_proxy::telemetry::init(crr_proxy::config::LogFormat::Text);
     }
 }
+
+/// True if `status` says the server did not process the call: it refused
+/// the stream (REFUSED_STREAM), or its GOAWAY's last stream ID is below it.
+/// grpc-go and C-core retry such a call on their own; tonic hands it to the
+/// caller. The proxy's stand-in answers so the one call that arrives after
+/// the runtime is back, as it sends the client to a relayed connection.
+pub fn refused(status: &tonic::Status) -> bool {
+    let text = format!("{status:?}");
+    text.contains("REFUSED_STREAM") || text.contains("GoAway(")
+}

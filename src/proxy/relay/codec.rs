@@ -51,11 +51,6 @@ impl Blocks {
         }
     }
 
-    /// The stream whose header block is under way.
-    pub fn open(&self) -> Option<u32> {
-        self.open.as_ref().map(|b| b.stream)
-    }
-
     pub fn allow_table(&mut self, size: u32) {
         self.decoder
             .allow(usize::try_from(size).unwrap_or(usize::MAX));

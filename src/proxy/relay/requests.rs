@@ -1,0 +1,167 @@
+//! Frames from the client, on their way to the runtime.
+
+use bytes::BytesMut;
+
+use super::codec::Block;
+use super::streams::{Edit, Stream};
+use super::{RelayError, State};
+use crate::proxy::body::Call;
+use crate::proxy::editor_for;
+use crate::proxy::frame::{self, HEAD_LEN, Head};
+use crate::proxy::socket::Inbox;
+
+impl State {
+    pub(super) fn client_frames(&mut self) -> Result<(), RelayError> {
+        // Taken out while its frames are handled, which need `self`.
+        let mut inbox = std::mem::take(&mut self.from_client);
+        let handled = self.client_frames_in(&mut inbox);
+        self.from_client = inbox;
+        handled
+    }
+
+    fn client_frames_in(&mut self, inbox: &mut Inbox) -> Result<(), RelayError> {
+        if !self.ends.preface_seen {
+            let n = inbox.len().min(frame::PREFACE.len());
+            if inbox.data()[..n] != frame::PREFACE[..n] {
+                return Err(RelayError::Preface);
+            }
+            if n < frame::PREFACE.len() {
+                return Ok(());
+            }
+            self.to_upstream
+                .own(|out| out.extend_from_slice(frame::PREFACE));
+            inbox.consume(n);
+            self.ends.preface_seen = true;
+        }
+        while let Some(head) = Head::parse(inbox.data()) {
+            if head.len > self.upstream_max_frame {
+                return Err(RelayError::FrameTooLarge {
+                    len: head.len,
+                    limit: self.upstream_max_frame,
+                });
+            }
+            let Some(frame) = inbox.data().get(..HEAD_LEN + head.len) else {
+                break;
+            };
+            self.client_frame(head, frame)?;
+            inbox.consume(HEAD_LEN + head.len);
+        }
+        Ok(())
+    }
+
+    fn client_frame(&mut self, head: Head, frame: &[u8]) -> Result<(), RelayError> {
+        let payload = &frame[HEAD_LEN..];
+        self.requests.check(head)?;
+        match head.kind {
+            frame::HEADERS | frame::CONTINUATION => {
+                if let Some(block) = self.requests.frame(head, payload)? {
+                    self.request(block);
+                }
+            }
+            frame::SETTINGS if head.flags & frame::ACK == 0 => {
+                return self.client_settings(head, payload);
+            }
+            frame::WINDOW_UPDATE => return self.client_window_update(head, payload, frame),
+            frame::RST_STREAM => {
+                // The call's metrics say CANCELLED as it drops.
+                self.drop_stream(head.stream);
+            }
+            _ => {}
+        }
+        self.to_upstream.relay(head, frame);
+        Ok(())
+    }
+
+    fn request(&mut self, block: Block) {
+        if block.stream <= self.goaways.last_client_stream {
+            // Trailers from the client, or a stream the runtime will refuse.
+            return;
+        }
+        self.goaways.last_client_stream = block.stream;
+        let path = block.fields.path.unwrap_or_default();
+        let path = std::str::from_utf8(&path).unwrap_or_default();
+        let edit = editor_for(path, self.recreated.as_ref()).map(|(editor, recreated)| Edit {
+            editor,
+            recreated,
+            window: self.flow.open(),
+            uncredited: 0,
+        });
+        let call = Call::start(&self.metrics, path);
+        self.streams.insert(block.stream, Stream::new(call, edit));
+    }
+
+    /// Applies the client's settings, and passes them on with its HPACK
+    /// table announced as empty (see the module docs of `relay`).
+    fn client_settings(&mut self, head: Head, payload: &[u8]) -> Result<(), RelayError> {
+        let mut settings = Vec::with_capacity(payload.len() / 6 + 1);
+        let mut table_announced = false;
+        for (id, value) in head.settings(payload)? {
+            match id {
+                frame::SETTINGS_INITIAL_WINDOW_SIZE => {
+                    let delta = self.flow.initial_window(value);
+                    for edit in self.streams.edits_mut() {
+                        edit.window.grow(delta);
+                    }
+                }
+                frame::SETTINGS_MAX_FRAME_SIZE => {
+                    // RFC 9113 §6.5.2's range: a zero here would leave
+                    // edited answers waiting for room that never comes.
+                    let value = usize::try_from(value).unwrap_or(frame::DEFAULT_MAX_FRAME);
+                    self.client_max_frame =
+                        value.clamp(frame::DEFAULT_MAX_FRAME, frame::MAX_FRAME_LIMIT);
+                }
+                _ => {}
+            }
+            match id {
+                frame::SETTINGS_HEADER_TABLE_SIZE => {
+                    table_announced = true;
+                    settings.push((id, 0));
+                }
+                _ => settings.push((id, value)),
+            }
+        }
+        if !self.settings_seen && !table_announced {
+            settings.push((frame::SETTINGS_HEADER_TABLE_SIZE, 0));
+        }
+        self.settings_seen = true;
+        let mut out = BytesMut::new();
+        frame::settings(head.flags, &settings, &mut out);
+        let rewritten = Head {
+            len: out.len() - HEAD_LEN,
+            ..head
+        };
+        self.to_upstream.relay(rewritten, &out);
+        self.flush();
+        Ok(())
+    }
+
+    fn client_window_update(
+        &mut self,
+        head: Head,
+        payload: &[u8],
+        frame: &[u8],
+    ) -> Result<(), RelayError> {
+        let increment = head.increment(payload)?;
+        if head.stream == 0 {
+            match self.flow.credit(increment) {
+                forward if forward == increment => self.to_upstream.relay(head, frame),
+                0 => {}
+                forward => self
+                    .to_upstream
+                    .own(|out| frame::window_update(0, forward, out)),
+            }
+        } else {
+            match self
+                .streams
+                .get_mut(head.stream)
+                .and_then(|s| s.edit.as_mut())
+            {
+                // The relay credits the runtime for this stream itself.
+                Some(edit) => edit.window.grow(i64::from(increment)),
+                None => self.to_upstream.relay(head, frame),
+            }
+        }
+        self.flush();
+        Ok(())
+    }
+}

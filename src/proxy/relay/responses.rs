@@ -1,0 +1,425 @@
+//! Frames from the runtime, on their way to the client, and the held
+//! answers of edited streams.
+//!
+//! Credit for an edited answer: the runtime gets stream credit for what it
+//! sent once the client has taken it (so it never runs more than a window
+//! ahead of the client on that stream), and connection credit at once,
+//! since the bytes are out of the connection window's way in the relay;
+//! only while the relay holds more than `HELD_LIMIT` in all does connection
+//! credit wait too, which bounds what a client that never reads can make
+//! the relay hold.
+
+use bytes::{Bytes, BytesMut};
+
+use super::flow::{ClientFlow, Window};
+use super::outbound::Outbound;
+use super::streams::{Data, Piece};
+use super::{RelayError, State};
+use crate::proxy::body::{UNAVAILABLE, UNKNOWN, unavailable_message};
+use crate::proxy::frame::{self, HEAD_LEN, Head};
+use crate::proxy::socket::Inbox;
+
+/// Edited bytes the relay holds before it stops crediting the runtime's
+/// connection window for more.
+const HELD_LIMIT: usize = 1 << 20;
+
+impl State {
+    pub(super) fn upstream_frames(&mut self) -> Result<(), RelayError> {
+        let mut inbox = std::mem::take(&mut self.from_upstream);
+        let handled = self.upstream_frames_in(&mut inbox);
+        self.from_upstream = inbox;
+        handled
+    }
+
+    fn upstream_frames_in(&mut self, inbox: &mut Inbox) -> Result<(), RelayError> {
+        // The client's limit; a runtime frame above it would be an error
+        // at the client anyway, and this bounds what the relay buffers.
+        let limit = self.client_max_frame.max(frame::DEFAULT_MAX_FRAME);
+        while let Some(head) = Head::parse(inbox.data()) {
+            if head.len > limit {
+                return Err(RelayError::FrameTooLarge {
+                    len: head.len,
+                    limit,
+                });
+            }
+            let Some(frame) = inbox.data().get(..HEAD_LEN + head.len) else {
+                break;
+            };
+            self.upstream_frame(head, frame)?;
+            inbox.consume(HEAD_LEN + head.len);
+        }
+        Ok(())
+    }
+
+    fn upstream_frame(&mut self, head: Head, frame: &[u8]) -> Result<(), RelayError> {
+        self.responses.check(head)?;
+        match head.kind {
+            frame::DATA => return self.upstream_data(head, frame),
+            frame::HEADERS | frame::CONTINUATION => return self.response_block(head, frame),
+            frame::SETTINGS if head.flags & frame::ACK == 0 => {
+                for (id, value) in head.settings(&frame[HEAD_LEN..])? {
+                    match id {
+                        frame::SETTINGS_HEADER_TABLE_SIZE => self.requests.allow_table(value),
+                        frame::SETTINGS_MAX_FRAME_SIZE => {
+                            let value = usize::try_from(value).unwrap_or(frame::DEFAULT_MAX_FRAME);
+                            self.upstream_max_frame = self.upstream_max_frame.max(value);
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            frame::RST_STREAM => {
+                self.to_client.relay(head, frame);
+                self.drop_stream(head.stream);
+                return Ok(());
+            }
+            frame::GOAWAY => return self.upstream_goaway(head, frame),
+            frame::PUSH_PROMISE => return Err(RelayError::Push),
+            _ => {}
+        }
+        self.to_client.relay(head, frame);
+        Ok(())
+    }
+
+    /// The runtime's GOAWAY goes on, with a last-stream ID no higher than
+    /// any the client was already sent.
+    fn upstream_goaway(&mut self, head: Head, frame: &[u8]) -> Result<(), RelayError> {
+        let payload = &frame[HEAD_LEN..];
+        let [a, b, c, d, e, f, g, h, debug @ ..] = payload else {
+            return Err(frame::FrameError::Malformed {
+                kind: head.kind,
+                stream: head.stream,
+            }
+            .into());
+        };
+        let last = u32::from_be_bytes([*a, *b, *c, *d]) & frame::MAX_STREAM;
+        self.goaways.upstream = Some(last);
+        match self.goaways.next(last) {
+            sent if sent == last => self.to_client.relay(head, frame),
+            sent => {
+                let code = u32::from_be_bytes([*e, *f, *g, *h]);
+                self.to_client
+                    .own(|out| frame::goaway(sent, code, debug, out));
+            }
+        }
+        Ok(())
+    }
+
+    /// A HEADERS or CONTINUATION frame. A stream's trailers wait behind
+    /// the data it holds; every other block goes on at once.
+    fn response_block(&mut self, head: Head, frame: &[u8]) -> Result<(), RelayError> {
+        let decoded = self.responses.frame(head, &frame[HEAD_LEN..])?;
+        let id = head.stream;
+        let held = match head.kind {
+            frame::HEADERS => {
+                if head.flags & frame::END_STREAM != 0 {
+                    // What the editor still holds goes before the trailers.
+                    let rest = self
+                        .streams
+                        .get_mut(id)
+                        .and_then(|s| s.edit.as_mut())
+                        .and_then(|e| e.editor.finish());
+                    if let Some(rest) = rest {
+                        self.send(id, rest, false, 0);
+                    }
+                }
+                match self.streams.get_mut(id) {
+                    Some(stream) => {
+                        stream.responded = true;
+                        let holds = stream.holds();
+                        if holds {
+                            self.streams.begin_block(id, frame);
+                        }
+                        holds
+                    }
+                    None => false,
+                }
+            }
+            _ => self
+                .streams
+                .get_mut(id)
+                .is_some_and(|s| s.continue_block(frame)),
+        };
+        if !held {
+            self.to_client.relay(head, frame);
+        }
+        if let Some(block) = decoded {
+            if let Some(stream) = self.streams.get_mut(block.stream) {
+                stream.end_block();
+            }
+            if block.end_stream {
+                let code = block.fields.grpc_status.unwrap_or(UNKNOWN);
+                self.end_call(block.stream, code);
+            }
+            self.flush_stream(block.stream);
+        }
+        Ok(())
+    }
+
+    fn upstream_data(&mut self, head: Head, frame: &[u8]) -> Result<(), RelayError> {
+        let id = head.stream;
+        let end_stream = head.flags & frame::END_STREAM != 0;
+        let Some(stream) = self.streams.get_mut(id) else {
+            // A stream the relay has forgotten: the client will refuse it.
+            self.flow.spend(head.len, None);
+            self.to_client.relay(head, frame);
+            return Ok(());
+        };
+        let range = head.data(&frame[HEAD_LEN..])?;
+        match stream.edit.as_mut() {
+            None => {
+                if !stream.holds() && self.flow.room(None) >= head.len {
+                    // The common case: the frame goes on as it came.
+                    self.flow.spend(head.len, None);
+                    self.to_client.relay(head, frame);
+                } else {
+                    let padding = head.len - range.len();
+                    let data = Bytes::copy_from_slice(&frame[HEAD_LEN..][range]);
+                    self.send(id, data, end_stream, padding);
+                }
+            }
+            Some(edit) => {
+                let data = Bytes::copy_from_slice(&frame[HEAD_LEN..][range]);
+                let mut out = edit
+                    .editor
+                    .push(data, edit.recreated.as_ref())
+                    .unwrap_or_default();
+                if end_stream && let Some(rest) = edit.editor.finish() {
+                    let mut joined = BytesMut::from(&out[..]);
+                    joined.extend_from_slice(&rest);
+                    out = joined.freeze();
+                }
+                self.send(id, out, end_stream, 0);
+                self.credit_edited(id, head.len, end_stream);
+            }
+        }
+        if end_stream {
+            // A response without trailers is no complete gRPC answer.
+            self.end_call(id, UNKNOWN);
+        }
+        Ok(())
+    }
+
+    /// Returns the credit for `received` bytes of an edited stream (see the
+    /// module docs).
+    fn credit_edited(&mut self, id: u32, received: usize, end_stream: bool) {
+        let Ok(received @ 1..) = u32::try_from(received) else {
+            return;
+        };
+        if self.streams.held_bytes() <= HELD_LIMIT {
+            self.to_upstream
+                .own(|out| frame::window_update(0, received, out));
+        } else {
+            self.uncredited = self.uncredited.saturating_add(received);
+        }
+        let Some(stream) = self.streams.get_mut(id) else {
+            return;
+        };
+        let holds = stream.holds();
+        let Some(edit) = stream.edit.as_mut().filter(|_| !end_stream) else {
+            return;
+        };
+        if holds {
+            edit.uncredited = edit.uncredited.saturating_add(received);
+        } else {
+            self.to_upstream
+                .own(|out| frame::window_update(id, received, out));
+        }
+    }
+
+    /// Queues DATA for the client on stream `id`, and sends what the
+    /// client's windows have room for.
+    fn send(&mut self, id: u32, data: Bytes, end_stream: bool, padding: usize) {
+        let data = Data {
+            data,
+            end_stream,
+            padding,
+        };
+        self.streams.hold(id, data);
+        self.flush_stream(id);
+    }
+
+    fn end_call(&mut self, id: u32, code: u32) {
+        if let Some(stream) = self.streams.get_mut(id) {
+            stream.call.finish(code);
+            stream.ended = true;
+            if !stream.holds() {
+                self.streams.remove(id);
+            }
+        }
+    }
+
+    /// Stream `id` was reset: what it held is dropped, and the runtime gets
+    /// back the connection credit for unedited bytes the client will never
+    /// see (the relay credited edited ones itself).
+    pub(super) fn drop_stream(&mut self, id: u32) {
+        let Some(stream) = self.streams.remove(id) else {
+            return;
+        };
+        if let Ok(dropped @ 1..) = u32::try_from(stream.held_unedited()) {
+            self.to_upstream
+                .own(|out| frame::window_update(0, dropped, out));
+        }
+        self.release_credit();
+    }
+
+    /// Sends what the client's windows now have room for, stream by stream.
+    pub(super) fn flush(&mut self) {
+        if !self.streams.any_waiting() {
+            return;
+        }
+        for id in self.streams.waiting() {
+            self.flush_stream(id);
+        }
+        self.release_credit();
+    }
+
+    /// Sends what stream `id` holds, as far as the windows allow; once it
+    /// holds nothing, it stops waiting (and, ended, is forgotten).
+    fn flush_stream(&mut self, id: u32) {
+        let Self {
+            streams,
+            flow,
+            to_client,
+            to_upstream,
+            client_max_frame,
+            ..
+        } = self;
+        let Some(stream) = streams.get_mut(id) else {
+            return;
+        };
+        let edited = stream.edit.is_some();
+        loop {
+            let (piece, window) = stream.front_and_window();
+            let Some(piece) = piece else { break };
+            match piece {
+                Piece::Block(block) => {
+                    let block = block.clone();
+                    to_client.own(|out| out.extend_from_slice(&block));
+                }
+                Piece::Data(data) => {
+                    let (sent, done) =
+                        send_some(flow, to_client, *client_max_frame, id, data, window);
+                    let padding = data.padding;
+                    let end_stream = data.end_stream;
+                    stream.sent(sent);
+                    if !done {
+                        break;
+                    }
+                    if let Ok(padding @ 1..) = u32::try_from(padding) {
+                        // Padding the runtime counted and the client never
+                        // sees: the relay gives that credit back itself.
+                        to_upstream.own(|out| {
+                            frame::window_update(0, padding, out);
+                            if !end_stream && !edited {
+                                frame::window_update(id, padding, out);
+                            }
+                        });
+                    }
+                }
+            }
+            stream.pop();
+        }
+        if stream.holds() {
+            return;
+        }
+        if let Some(edit) = stream.edit.as_mut().filter(|e| e.uncredited > 0) {
+            let credit = std::mem::take(&mut edit.uncredited);
+            if !stream.ended {
+                to_upstream.own(|out| frame::window_update(id, credit, out));
+            }
+        }
+        let ended = stream.ended;
+        streams.settle(id);
+        if ended {
+            streams.remove(id);
+        }
+    }
+
+    /// Connection credit kept back while the relay held too much goes once
+    /// it holds less.
+    fn release_credit(&mut self) {
+        if self.uncredited > 0 && self.streams.held_bytes() <= HELD_LIMIT {
+            let credit = std::mem::take(&mut self.uncredited);
+            self.to_upstream
+                .own(|out| frame::window_update(0, credit, out));
+        }
+    }
+
+    /// The runtime connection closed: every call still open ends with
+    /// `UNAVAILABLE` naming the endpoint (after what its stream holds),
+    /// then the client is told to go.
+    pub(super) fn upstream_gone(&mut self) {
+        if self.ends.upstream_eof {
+            return;
+        }
+        self.ends.upstream_eof = true;
+        if self.to_client.block_open() {
+            // Nothing can be added cleanly: the client loses the connection.
+            self.to_client.clear();
+            self.streams = Default::default();
+            return;
+        }
+        let message = unavailable_message(&self.endpoint, &"the connection closed");
+        let processed = self.goaways.upstream.unwrap_or(frame::MAX_STREAM);
+        for id in self.streams.ids() {
+            let Some(stream) = self.streams.get_mut(id) else {
+                continue;
+            };
+            if stream.ended {
+                continue;
+            }
+            if id > processed {
+                // Never processed: the client may retry it elsewhere.
+                self.streams.remove(id);
+                continue;
+            }
+            let answer = frame::grpc_status_frame(id, stream.responded, UNAVAILABLE, &message);
+            stream.call.finish(UNAVAILABLE);
+            stream.abandon_block();
+            if stream.holds() {
+                stream.ended = true;
+                self.streams.hold_block(id, answer.freeze());
+            } else {
+                self.to_client.own(|out| out.extend_from_slice(&answer));
+                self.streams.remove(id);
+            }
+        }
+        let last = self.goaways.last_client_stream;
+        self.goaway(last, frame::NO_ERROR, b"");
+    }
+}
+
+/// Sends what fits of `data` on stream `id` as DATA frames; gives back the
+/// bytes sent, and whether that was all.
+fn send_some(
+    flow: &mut ClientFlow,
+    out: &mut Outbound,
+    max_frame: usize,
+    id: u32,
+    data: &mut Data,
+    mut window: Option<&mut Window>,
+) -> (usize, bool) {
+    let mut sent = 0;
+    loop {
+        let room = flow.room(window.as_deref().copied());
+        let n = room.min(data.data.len()).min(max_frame);
+        if n == 0 && !data.data.is_empty() {
+            return (sent, false);
+        }
+        let piece = data.data.split_to(n);
+        let last = data.data.is_empty();
+        let flags = match last && data.end_stream {
+            true => frame::END_STREAM,
+            false => 0,
+        };
+        if n > 0 || flags != 0 {
+            out.own(|out| super::put_frame(out, frame::DATA, flags, id, &piece));
+            flow.spend(n, window.as_deref_mut());
+            sent += n;
+        }
+        if last {
+            return (sent, true);
+        }
+    }
+}

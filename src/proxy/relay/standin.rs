@@ -1,0 +1,297 @@
+//! Serving a client while the runtime is unreachable.
+//!
+//! The relay has no runtime connection to pass frames to, so it plays the
+//! server's part of HTTP/2 itself, just enough for gRPC: its own SETTINGS,
+//! the ACKs, connection credit for what the client sends, and to every call
+//! a trailers-only `UNAVAILABLE` naming the endpoint. Any `:authority` is
+//! fine: it is never parsed. Once the runtime answers again, the client is
+//! told to go (GOAWAY) and its next connection is relayed; a call that
+//! arrives when the runtime is already back is refused (REFUSED_STREAM),
+//! which gRPC clients retry on their new connection.
+
+use std::future::poll_fn;
+use std::io;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::net::UnixStream;
+use tokio::sync::watch;
+use tracing::debug;
+
+use super::codec::{Block, Blocks};
+use super::{RelayError, put_frame};
+use crate::metrics::Metrics;
+use crate::proxy::Endpoint;
+use crate::proxy::body::{Call, UNAVAILABLE, unavailable_message};
+use crate::proxy::frame::{self, HEAD_LEN, Head};
+use crate::proxy::hpack;
+use crate::proxy::socket::{Inbox, Socket};
+
+/// How often the runtime is looked for while nothing happens.
+const PROBE: Duration = Duration::from_millis(500);
+
+/// How long one look for the runtime may take.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// Serves `client` until it goes, or the runtime is back and it was told to
+/// go, or shutdown.
+pub(in crate::proxy) async fn serve(
+    client: UnixStream,
+    endpoint: Endpoint,
+    metrics: Arc<Metrics>,
+    mut shutdown: watch::Receiver<bool>,
+) -> io::Result<()> {
+    let mut socket = Socket::new(client)?;
+    let mut standin = Standin::new(endpoint, metrics);
+    let mut probe = tokio::time::interval(PROBE);
+    probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut stopping = false;
+    loop {
+        let step = tokio::select! {
+            step = poll_fn(|cx| standin.poll(&mut socket, cx)) => step,
+            _ = probe.tick(), if !standin.going => Step::Probe,
+            _ = shutdown.wait_for(|stop| *stop), if !stopping => {
+                stopping = true;
+                standin.go(b"shutting down");
+                continue;
+            }
+        };
+        match step {
+            Step::Finished => {
+                socket.close(standin.client_eof).await;
+                return Ok(());
+            }
+            // Calls came in: are they refused, or unavailable?
+            Step::Calls => {
+                let back = reachable(&standin.endpoint).await;
+                standin.answer(back);
+            }
+            Step::Probe => {
+                if reachable(&standin.endpoint).await {
+                    standin.go(b"the runtime is back");
+                }
+            }
+        }
+    }
+}
+
+/// The runtime accepts connections again.
+async fn reachable(endpoint: &Endpoint) -> bool {
+    let connect = UnixStream::connect(endpoint.path());
+    matches!(
+        tokio::time::timeout(PROBE_TIMEOUT, connect).await,
+        Ok(Ok(_))
+    )
+}
+
+/// Why `Standin::poll` returned.
+enum Step {
+    Finished,
+    Calls,
+    /// Time to look for the runtime.
+    Probe,
+}
+
+struct Standin {
+    endpoint: Endpoint,
+    metrics: Arc<Metrics>,
+    from_client: Inbox,
+    to_client: BytesMut,
+    preface_seen: bool,
+    client_eof: bool,
+    requests: Blocks,
+    /// Calls received and not yet answered.
+    calls: Vec<Block>,
+    /// The highest stream the client opened.
+    last_stream: u32,
+    /// The highest stream answered (GOAWAY's last processed one).
+    answered: u32,
+    /// The client was sent GOAWAY: once it has it, the connection ends.
+    going: bool,
+}
+
+impl Standin {
+    fn new(endpoint: Endpoint, metrics: Arc<Metrics>) -> Self {
+        let mut to_client = BytesMut::new();
+        // The server's preface: SETTINGS, all defaults.
+        frame::settings(0, &[], &mut to_client);
+        Self {
+            endpoint,
+            metrics,
+            from_client: Inbox::default(),
+            to_client,
+            preface_seen: false,
+            client_eof: false,
+            requests: Blocks::new(hpack::Decoder::new()),
+            calls: Vec::new(),
+            last_stream: 0,
+            answered: 0,
+            going: false,
+        }
+    }
+
+    fn poll(&mut self, socket: &mut Socket, cx: &mut Context<'_>) -> Poll<Step> {
+        loop {
+            let mut progress = false;
+            if !self.to_client.is_empty() {
+                match socket.poll_write(cx, &self.to_client) {
+                    Poll::Ready(Ok(n)) => {
+                        let _ = self.to_client.split_to(n);
+                        if self.to_client.is_empty() && socket.drained().is_err() {
+                            return Poll::Ready(Step::Finished);
+                        }
+                        progress = true;
+                    }
+                    Poll::Ready(Err(_)) => return Poll::Ready(Step::Finished),
+                    Poll::Pending => {}
+                }
+            }
+            if self.to_client.is_empty() && (self.going || self.client_eof) {
+                return Poll::Ready(Step::Finished);
+            }
+            if !self.calls.is_empty() {
+                return Poll::Ready(Step::Calls);
+            }
+            if !self.going && !self.client_eof {
+                match socket.poll_read(cx, &mut self.from_client) {
+                    Poll::Ready(Ok(0)) => {
+                        self.client_eof = true;
+                        progress = true;
+                    }
+                    Poll::Ready(Ok(_)) => {
+                        if let Err(error) = self.frames() {
+                            debug!(%error, "client connection failed");
+                            let debug = error.to_string();
+                            let (last, code) = (self.answered, error.code());
+                            frame::goaway(last, code, debug.as_bytes(), &mut self.to_client);
+                            self.going = true;
+                        }
+                        progress = true;
+                    }
+                    Poll::Ready(Err(error)) => {
+                        debug!(%error, "client connection ended");
+                        return Poll::Ready(Step::Finished);
+                    }
+                    Poll::Pending => {}
+                }
+            }
+            if !progress {
+                return Poll::Pending;
+            }
+        }
+    }
+
+    fn frames(&mut self) -> Result<(), RelayError> {
+        if !self.preface_seen {
+            let n = self.from_client.len().min(frame::PREFACE.len());
+            if self.from_client.data()[..n] != frame::PREFACE[..n] {
+                return Err(RelayError::Preface);
+            }
+            if n < frame::PREFACE.len() {
+                return Ok(());
+            }
+            self.from_client.consume(n);
+            self.preface_seen = true;
+        }
+        let mut inbox = std::mem::take(&mut self.from_client);
+        let handled = self.frames_in(&mut inbox);
+        self.from_client = inbox;
+        handled
+    }
+
+    fn frames_in(&mut self, inbox: &mut Inbox) -> Result<(), RelayError> {
+        while let Some(head) = Head::parse(inbox.data()) {
+            if head.len > frame::DEFAULT_MAX_FRAME {
+                return Err(RelayError::FrameTooLarge {
+                    len: head.len,
+                    limit: frame::DEFAULT_MAX_FRAME,
+                });
+            }
+            let Some(whole) = inbox.data().get(..HEAD_LEN + head.len) else {
+                break;
+            };
+            self.frame(head, &whole[HEAD_LEN..])?;
+            inbox.consume(HEAD_LEN + head.len);
+        }
+        Ok(())
+    }
+
+    fn frame(&mut self, head: Head, payload: &[u8]) -> Result<(), RelayError> {
+        self.requests.check(head)?;
+        let ack = head.flags & frame::ACK != 0;
+        match head.kind {
+            frame::HEADERS | frame::CONTINUATION => {
+                if let Some(block) = self.requests.frame(head, payload)? {
+                    if block.stream > self.last_stream {
+                        self.last_stream = block.stream;
+                        self.calls.push(block);
+                    }
+                }
+            }
+            frame::SETTINGS if !ack => {
+                // Checked for form only: the stand-in sends no DATA, and
+                // its header blocks use no table, so no value matters.
+                let _ = head.settings(payload)?;
+                frame::settings(frame::ACK, &[], &mut self.to_client);
+            }
+            frame::PING if !ack => {
+                if payload.len() != 8 {
+                    return Err(frame::FrameError::Malformed {
+                        kind: head.kind,
+                        stream: head.stream,
+                    }
+                    .into());
+                }
+                put_frame(&mut self.to_client, frame::PING, frame::ACK, 0, payload);
+            }
+            frame::DATA => {
+                // Nothing reads it: the client gets its connection window
+                // back at once (its stream is answered, or soon will be).
+                if let Ok(len @ 1..) = u32::try_from(head.len) {
+                    frame::window_update(0, len, &mut self.to_client);
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Answers the calls received: `UNAVAILABLE`, or, once the runtime is
+    /// `back`, REFUSED_STREAM with a GOAWAY that says none was processed.
+    fn answer(&mut self, back: bool) {
+        let calls = std::mem::take(&mut self.calls);
+        if back {
+            // GOAWAY first: a client then retries the refused calls on a
+            // new connection, not on this one.
+            self.go(b"the runtime is back");
+            for call in &calls {
+                frame::rst_stream(call.stream, frame::REFUSED_STREAM, &mut self.to_client);
+            }
+            return;
+        }
+        let message = unavailable_message(&self.endpoint, &"it is unreachable");
+        for call in calls {
+            let path = call.fields.path.as_deref().unwrap_or_default();
+            let path = std::str::from_utf8(path).unwrap_or_default();
+            Call::start(&self.metrics, path).finish(UNAVAILABLE);
+            self.answered = call.stream;
+            let answer = frame::grpc_status_frame(call.stream, false, UNAVAILABLE, &message);
+            self.to_client.extend_from_slice(&answer);
+            if !call.end_stream {
+                // The rest of the request is not wanted (RFC 9113 §8.1).
+                frame::rst_stream(call.stream, frame::NO_ERROR, &mut self.to_client);
+            }
+        }
+    }
+
+    /// Tells the client to go: no stream after the last answered one was
+    /// processed.
+    fn go(&mut self, why: &[u8]) {
+        if !self.going {
+            self.going = true;
+            frame::goaway(self.answered, frame::NO_ERROR, why, &mut self.to_client);
+        }
+    }
+}

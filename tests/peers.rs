@@ -1,0 +1,383 @@
+//! The relay driven by stacks we did not write: grpcio (gRPC C-core, from
+//! PyPI) and raw HTTP/2 frames built with Python's `hpack`
+//! (tests/peers/*.py), against a real containerd or, where a scripted
+//! runtime is needed, the `h2` library's server. Each case is a defect
+//! found from outside (issue 14).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+mod support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crr_proxy::cri::v1::ContainerState;
+use crr_proxy::proxy::{Endpoint, Proxy, Routes};
+use crr_proxy::reason::Recreated;
+use serde_json::Value;
+use support::ProxyUnderTest;
+use support::containerd::Containerd;
+
+/// The interpreter of the peers' virtualenv (scripts/lib/peers.sh).
+fn python() -> PathBuf {
+    let python = std::env::var_os("CRR_TEST_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "/var/cache/crr-proxy-test/peers-venv/bin/python".into());
+    assert!(
+        python.exists(),
+        "{} is missing: scripts/test.sh installs the Python peers (ensure_peers)",
+        python.display()
+    );
+    python
+}
+
+fn script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/peers")
+        .join(name)
+}
+
+fn peer_command(name: &str) -> Command {
+    let mut command = Command::new(python());
+    command.arg("-B").arg(script(name));
+    command
+}
+
+/// Runs one h2_peer scenario to its end; its JSON figures on success.
+async fn h2_peer(args: Vec<String>) -> Result<Value, String> {
+    tokio::task::spawn_blocking(move || {
+        let out = peer_command("h2_peer.py").args(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+        match out.status.success() {
+            true => Ok(serde_json::from_slice(&out.stdout).unwrap()),
+            false => Err(format!("h2_peer {args:?}: {}: {stderr}", out.status)),
+        }
+    })
+    .await
+    .unwrap()
+}
+
+fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+/// A grpcio channel in a Python process, one call per line.
+struct GrpcPeer {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl GrpcPeer {
+    fn start(socket: &Path) -> Self {
+        let mut child = peer_command("grpc_peer.py")
+            .arg("--socket")
+            .arg(socket)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Self {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    /// One call on the channel; grpcio's answer as JSON.
+    async fn call(&mut self, path: &str, timeout_s: u32) -> Value {
+        let line = format!("call {path} - {timeout_s}\n");
+        let mut peer = PeerIo {
+            stdin: &mut self.stdin,
+            stdout: &mut self.stdout,
+        };
+        tokio::task::block_in_place(move || peer.exchange(&line))
+    }
+}
+
+struct PeerIo<'a> {
+    stdin: &'a mut ChildStdin,
+    stdout: &'a mut BufReader<ChildStdout>,
+}
+
+impl PeerIo<'_> {
+    fn exchange(&mut self, line: &str) -> Value {
+        self.stdin.write_all(line.as_bytes()).unwrap();
+        self.stdin.flush().unwrap();
+        let mut answer = String::new();
+        self.stdout.read_line(&mut answer).unwrap();
+        serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{e}: {answer:?}"))
+    }
+}
+
+impl Drop for GrpcPeer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const VERSION: &str = "/runtime.v1.RuntimeService/Version";
+
+fn code(answer: &Value) -> &str {
+    answer["code"].as_str().unwrap_or_default()
+}
+
+/// grpc C-core sends the percent-encoded socket path as `:authority`. While
+/// containerd is away it gets UNAVAILABLE naming the endpoint (not a
+/// PROTOCOL_ERROR reset), and once containerd is back the same channel's
+/// next call succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcio_gets_unavailable_while_containerd_is_down_and_its_channel_recovers() {
+    let mut ctrd = Containerd::start().unwrap();
+    let proxy = ProxyUnderTest::to(ctrd.endpoint());
+    let mut grpc = GrpcPeer::start(&proxy.socket);
+    let answer = grpc.call(VERSION, 5).await;
+    assert_eq!(code(&answer), "OK", "{answer}");
+
+    ctrd.pause().unwrap();
+    for _ in 0..3 {
+        let answer = grpc.call(VERSION, 5).await;
+        assert_eq!(code(&answer), "UNAVAILABLE", "{answer}");
+        let details = answer["details"].as_str().unwrap();
+        assert!(details.contains(&ctrd.endpoint().to_string()), "{answer}");
+        assert!(answer["ms"].as_f64().unwrap() < 1000.0, "{answer}");
+    }
+
+    ctrd.resume().unwrap();
+    let answer = grpc.call(VERSION, 5).await;
+    assert_eq!(code(&answer), "OK", "the channel did not recover: {answer}");
+    assert!(answer["ms"].as_f64().unwrap() < 2000.0, "{answer}");
+}
+
+/// The same with no runtime at all when the channel connects: the stand-in
+/// answers from the first call, and the channel moves on to the runtime
+/// when it appears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcio_connected_before_the_runtime_exists_recovers_when_it_appears() {
+    let socket = support::temp_socket("late-runtime");
+    let proxy = ProxyUnderTest::to(Endpoint::from_path(&socket));
+    let mut grpc = GrpcPeer::start(&proxy.socket);
+    let answer = grpc.call(VERSION, 5).await;
+    assert_eq!(code(&answer), "UNAVAILABLE", "{answer}");
+
+    // A runtime that accepts C-core's `:authority` (the in-test hyper
+    // upstream would not: h2 refuses a percent-encoded one, grpc-go and
+    // python's h2 take it).
+    let _runtime = ScriptedRuntime::start(&socket, &[]);
+    let answer = grpc.call(VERSION, 5).await;
+    assert_eq!(code(&answer), "OK", "{answer}");
+}
+
+/// A proxy in front of `ctrd` whose record says the container `id` (exited)
+/// was recreated, so ContainerStatus answers about it are edited.
+async fn proxy_with_an_exited_recreated_container(ctrd: &Containerd) -> (ProxyUnderTest, String) {
+    let mut cri = support::client(&ctrd.endpoint());
+    let (pod_id, pod) = support::pods::run_pod(&mut cri, "peers", &ctrd.scratch("logs"))
+        .await
+        .unwrap();
+    let id = support::pods::start_container(&mut cri, &pod_id, &pod, "done", &["true"])
+        .await
+        .unwrap();
+    for _ in 0..100 {
+        let status = support::pods::container_status(&mut cri, &id).await;
+        if status.state() == ContainerState::ContainerExited {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let recreated = Arc::new(Recreated::in_memory());
+    recreated.record(&id, "shop/restart-app").unwrap();
+    let routes = Routes {
+        runtime: ctrd.endpoint(),
+        image: None,
+    };
+    let proxy = ProxyUnderTest::serve(Proxy::new(routes).with_reasons(recreated));
+    (proxy, id)
+}
+
+/// An edited answer stuck on a 16-byte stream window holds up only its own
+/// stream: PING and another call on the connection are answered meanwhile,
+/// and the answer goes on when the client raises SETTINGS_INITIAL_WINDOW_SIZE,
+/// or the connection carries on after the client resets the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edited_answer_waiting_for_its_window_delays_only_its_own_stream() {
+    let ctrd = Containerd::start().unwrap();
+    let (proxy, id) = proxy_with_an_exited_recreated_container(&ctrd).await;
+    let socket = proxy.socket.display().to_string();
+    for release in ["settings", "rst"] {
+        let figures = h2_peer(args(&[
+            "held-stream",
+            "--socket",
+            &socket,
+            "--container-id",
+            &id,
+            "--release",
+            release,
+        ]))
+        .await
+        .unwrap();
+        assert!(figures["version_ms"].as_f64().is_some(), "{figures}");
+        assert!(figures["ping_ms"].as_f64().is_some(), "{figures}");
+    }
+}
+
+/// While a client's header block is open (HEADERS sent, CONTINUATION not
+/// yet), the relay writes nothing of its own to containerd, though it owes
+/// containerd credit for an edited answer meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_enters_a_client_header_block_on_its_way_to_containerd() {
+    let ctrd = Containerd::start().unwrap();
+    let (proxy, id) = proxy_with_an_exited_recreated_container(&ctrd).await;
+    let socket = proxy.socket.display().to_string();
+    let figures = h2_peer(args(&[
+        "block-open",
+        "--socket",
+        &socket,
+        "--container-id",
+        &id,
+    ]))
+    .await
+    .unwrap();
+    assert_eq!(figures["rounds"].as_array().unwrap().len(), 5, "{figures}");
+}
+
+/// 1 MiB header blocks of one-byte references to a 4 KB `:path` cost the
+/// proxy what their bytes cost: containerd answers each (its own limit), and
+/// a second client on its own connection is served meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_hpack_reference_flood_stalls_no_one() {
+    let ctrd = Containerd::start().unwrap();
+    let proxy = ProxyUnderTest::to(ctrd.endpoint());
+    let socket = proxy.socket.display().to_string();
+    let flood = tokio::spawn(h2_peer(args(&[
+        "hpack-flood",
+        "--socket",
+        &socket,
+        "--repeat",
+        "3",
+    ])));
+    let mut cri = proxy.client();
+    let mut slowest = Duration::ZERO;
+    while !flood.is_finished() {
+        let started = std::time::Instant::now();
+        cri.version(crr_proxy::cri::v1::VersionRequest::default())
+            .await
+            .unwrap();
+        slowest = slowest.max(started.elapsed());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let figures = flood.await.unwrap().unwrap();
+    assert_eq!(figures["sent"], 3, "{figures}");
+    assert!(
+        figures["total_s"].as_f64().unwrap() < 5.0,
+        "the flood took long: {figures}"
+    );
+    assert!(
+        slowest < Duration::from_millis(500),
+        "a neighbour waited {slowest:?}"
+    );
+}
+
+/// GOAWAY's last stream ID never rises: the runtime says it will process
+/// stream 1 only; the proxy then shuts down, and its drain GOAWAY (which
+/// would say "every stream") keeps to 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn goaway_last_stream_ids_never_rise() {
+    let runtime = support::temp_socket("scripted-runtime");
+    let _server = ScriptedRuntime::start(&runtime, &["--goaway-after-first"]);
+    let proxy = ProxyUnderTest::to(Endpoint::from_path(&runtime));
+    let ready = runtime.with_extension("ready");
+    let peer = tokio::spawn(h2_peer(args(&[
+        "goaway-order",
+        "--socket",
+        &proxy.socket.display().to_string(),
+        "--listen-seconds",
+        "3",
+        "--ready-file",
+        &ready.display().to_string(),
+    ])));
+    tokio::task::block_in_place(|| support::wait_for_path(&ready));
+    proxy.stop().await;
+    let figures = peer.await.unwrap().unwrap();
+    let goaways = figures["goaways"].as_array().unwrap();
+    assert!(
+        goaways.len() >= 2,
+        "the runtime's GOAWAY and the drain's: {figures}"
+    );
+    assert!(
+        goaways.iter().all(|g| g["last_stream_id"] == 1),
+        "{figures}"
+    );
+}
+
+/// A request whose header block is 1.5 MiB (in CONTINUATIONs) gets
+/// containerd's own answer, and the connection carries on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_header_block_gets_containerds_answer() {
+    let ctrd = Containerd::start().unwrap();
+    let proxy = ProxyUnderTest::to(ctrd.endpoint());
+    let figures = h2_peer(args(&[
+        "big-metadata",
+        "--socket",
+        &proxy.socket.display().to_string(),
+    ]))
+    .await
+    .unwrap();
+    assert_eq!(figures["answered_by"], "trailers", "{figures}");
+}
+
+/// A client that breaks the protocol while answers wait for it gets them,
+/// whole, and then GOAWAY(PROTOCOL_ERROR) saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_protocol_error_ends_with_the_queued_answers_and_a_goaway() {
+    support::init_logging();
+    let runtime = support::temp_socket("scripted-runtime");
+    let _server = ScriptedRuntime::start(&runtime, &["--answer-bytes", "4000000"]);
+    let proxy = ProxyUnderTest::to(Endpoint::from_path(&runtime));
+    let figures = h2_peer(args(&[
+        "error-after-queued",
+        "--socket",
+        &proxy.socket.display().to_string(),
+    ]))
+    .await
+    .unwrap();
+    assert!(figures["data_bytes"].as_u64().unwrap() > 0, "{figures}");
+    assert_eq!(
+        figures["last_goaway"]["error"], "PROTOCOL_ERROR",
+        "{figures}"
+    );
+}
+
+/// h2_peer's `runtime-server`: a scripted runtime on a socket.
+struct ScriptedRuntime(Child);
+
+impl ScriptedRuntime {
+    fn start(socket: &Path, extra: &[&str]) -> Self {
+        let mut child = peer_command("h2_peer.py")
+            .arg("runtime-server")
+            .arg("--socket")
+            .arg(socket)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut ready = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut ready)
+            .unwrap();
+        assert_eq!(ready.trim(), "ready");
+        Self(child)
+    }
+}
+
+impl Drop for ScriptedRuntime {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
