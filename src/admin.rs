@@ -17,8 +17,8 @@ use tokio::net::{TcpListener, UnixStream};
 use tokio::sync::watch;
 use tracing::{debug, info};
 
+use crate::cri::Endpoint;
 use crate::metrics::Metrics;
-use crate::proxy::Endpoint;
 
 #[derive(Debug, thiserror::Error)]
 #[error("bind {addr}: {source}")]

@@ -28,6 +28,7 @@ use tokio::time::Instant;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::config::AgentSettings;
+use crate::cri::Endpoint;
 use crate::cri::RuntimeClient;
 use crate::cri::v1::{
     ContainerFilter, ContainerState, ContainerStatusRequest, ListContainersRequest, VersionRequest,
@@ -39,7 +40,6 @@ use crate::crr::{
 };
 use crate::kill::{self, HookResult, KillRequest, Killer};
 use crate::metrics::{CrrOutcome, Metrics};
-use crate::proxy::Endpoint;
 use crate::reason::Recreated;
 use queue::{Next, Queue};
 

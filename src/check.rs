@@ -15,9 +15,9 @@ use kube::api::{Api, ListParams, PostParams};
 
 use crate::agent::{self, Mode};
 use crate::config::{AgentSettings, RunConfig};
+use crate::cri::Endpoint;
 use crate::cri::v1::VersionRequest;
 use crate::crr::ContainerRecreateRequest;
-use crate::proxy::Endpoint;
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 

@@ -9,7 +9,8 @@ use std::path::PathBuf;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
-use crate::proxy::{Endpoint, Routes};
+use crate::cri::Endpoint;
+use crate::proxy::Routes;
 
 /// crr-proxy: a transparent CRI proxy for kubelet, and the node agent for
 /// OpenKruise's ContainerRecreateRequest.

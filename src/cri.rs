@@ -9,7 +9,11 @@ use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Uri};
 
-use crate::proxy::Endpoint;
+pub mod endpoint;
+pub mod method;
+
+pub use endpoint::{Endpoint, EndpointError};
+pub use method::Method;
 
 /// The generated `runtime.v1` messages and clients.
 #[allow(clippy::all, missing_docs)]

@@ -5,6 +5,8 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::cri::Method as CriMethod;
+
 /// The CRI methods counted by name; any other path counts as `other`, so a
 /// client cannot grow the label set.
 const METHODS: &[(&str, &str)] = &[
@@ -205,14 +207,12 @@ impl std::fmt::Debug for Metrics {
 }
 
 impl Metrics {
-    /// The index of a gRPC path's method (`/runtime.<version>.<Service>/<Method>`).
-    pub fn method_index(path: &str) -> usize {
-        let known = path.strip_prefix("/runtime.").and_then(|rest| {
-            let (service, method) = rest.split_once('/')?;
-            let service = service.rsplit_once('.').map_or(service, |(_, s)| s);
+    /// The index of a call's CRI method (any version), or of `other`.
+    pub fn method_index(method: Option<CriMethod<'_>>) -> usize {
+        let known = method.and_then(|call| {
             METHODS
                 .iter()
-                .position(|(s, m)| *s == service && *m == method)
+                .position(|(s, m)| *s == call.service && *m == call.name)
         });
         known.unwrap_or(METHODS.len())
     }
@@ -382,24 +382,29 @@ mod tests {
     #[test]
     fn methods_are_named_and_everything_else_is_other() {
         assert_eq!(
-            METHODS[Metrics::method_index("/runtime.v1.RuntimeService/Version")].1,
+            METHODS[Metrics::method_index(CriMethod::parse("/runtime.v1.RuntimeService/Version"))]
+                .1,
             "Version"
         );
         assert_eq!(
-            METHODS[Metrics::method_index("/runtime.v1.ImageService/PullImage")].1,
+            METHODS[Metrics::method_index(CriMethod::parse("/runtime.v1.ImageService/PullImage"))]
+                .1,
             "PullImage"
         );
         assert_eq!(
-            Metrics::method_index("/runtime.v1.RuntimeService/NoSuch"),
+            Metrics::method_index(CriMethod::parse("/runtime.v1.RuntimeService/NoSuch")),
             METHODS.len()
         );
-        assert_eq!(Metrics::method_index("/any/thing"), METHODS.len());
+        assert_eq!(
+            Metrics::method_index(CriMethod::parse("/any/thing")),
+            METHODS.len()
+        );
     }
 
     #[test]
     fn renders_counters_histograms_and_gauges() {
         let metrics = Metrics::default();
-        let version = Metrics::method_index("/runtime.v1.RuntimeService/Version");
+        let version = Metrics::method_index(CriMethod::parse("/runtime.v1.RuntimeService/Version"));
         metrics.call_started();
         metrics.call_finished(version, 0, Duration::from_micros(300));
         metrics.call_started();

@@ -15,7 +15,6 @@
 //! hyper instead, which routes each call to its endpoint.
 
 mod body;
-mod endpoint;
 mod frame;
 pub(crate) mod hpack;
 mod listener;
@@ -36,12 +35,13 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
+use crate::cri::Method;
 use crate::metrics::Metrics;
 use crate::reason::{Editor, Recreated, StatusResponse};
 
+pub use crate::cri::{Endpoint, EndpointError};
 use body::Call;
 pub use body::ProxyBody;
-pub use endpoint::{Endpoint, EndpointError};
 pub use listener::{ListenError, Listener};
 use relay::Relay;
 use upstream::Upstream;
@@ -255,12 +255,13 @@ impl Connection {
             // `:scheme http` and no authority: exactly what arrived.
             *req.version_mut() = http::Version::HTTP_11;
         }
+        let method = Method::parse(req.uri().path());
         let upstream = match &self.image {
-            Some(image) if is_image_service(req.uri().path()) => image,
+            Some(image) if method.is_some_and(|m| m.is_image_service()) => image,
             _ => &self.runtime,
         };
-        let mut call = Call::start(&self.metrics, req.uri().path());
-        let editor = editor_for(req.uri().path(), self.recreated.as_ref());
+        let mut call = Call::start(&self.metrics, method);
+        let editor = editor_for(method, self.recreated.as_ref());
         let response = upstream.forward(req).await;
         // A trailers-only answer carries its status in the headers.
         if let Some(code) = body::grpc_code(response.headers()) {
@@ -276,39 +277,19 @@ impl Connection {
     }
 }
 
-/// The editor for the answer to a call on `path`, with the record it reads.
-/// Only the three status answers, and only once a container was recreated,
-/// pay for reading messages; the path is checked first, as it costs no lock.
-fn editor_for(path: &str, recreated: Option<&Arc<Recreated>>) -> Option<(Editor, Arc<Recreated>)> {
-    let kind = StatusResponse::for_path(path)?;
-    let recreated = recreated.filter(|r| !r.is_empty())?;
+/// The editor for the answer to a call of `method`, with the record it
+/// reads. Only the three status answers pay for reading messages, and a
+/// unary one only once a container was recreated; the method is checked
+/// first, as it costs no lock. The event stream lives as long as kubelet,
+/// so it is read from its start: a container recreated later is in it.
+fn editor_for(
+    method: Option<Method<'_>>,
+    recreated: Option<&Arc<Recreated>>,
+) -> Option<(Editor, Arc<Recreated>)> {
+    let kind = StatusResponse::for_method(method?)?;
+    let recreated = recreated?;
+    if kind != StatusResponse::ContainerEvent && recreated.is_empty() {
+        return None;
+    }
     Some((Editor::new(kind), Arc::clone(recreated)))
-}
-
-/// True for `/runtime.<version>.ImageService/<Method>`.
-fn is_image_service(path: &str) -> bool {
-    let Some(rest) = path.strip_prefix("/runtime.") else {
-        return false;
-    };
-    match rest.split_once('/') {
-        Some((service, _method)) => service.ends_with(".ImageService"),
-        None => false,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn image_service_paths_are_recognised() {
-        assert!(is_image_service("/runtime.v1.ImageService/PullImage"));
-        assert!(is_image_service(
-            "/runtime.v1alpha2.ImageService/ListImages"
-        ));
-        assert!(!is_image_service("/runtime.v1.RuntimeService/Version"));
-        assert!(!is_image_service("/other.v1.ImageService/PullImage"));
-        assert!(!is_image_service("/runtime.v1.ImageService"));
-        assert!(!is_image_service(""));
-    }
 }

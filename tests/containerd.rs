@@ -3,14 +3,18 @@
 
 mod support;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crr_proxy::cri::RuntimeClient;
 use crr_proxy::cri::v1::{
-    ContainerState, ContainerStatusRequest, ExecSyncRequest, ListContainersRequest,
-    PodSandboxStatusRequest, RemoveContainerRequest, RemovePodSandboxRequest, StopContainerRequest,
+    ContainerEventType, ContainerState, ContainerStatusRequest, CreateContainerRequest,
+    ExecSyncRequest, GetEventsRequest, ListContainersRequest, PodSandboxStatusRequest,
+    RemoveContainerRequest, RemovePodSandboxRequest, StartContainerRequest, StopContainerRequest,
     StopPodSandboxRequest, VersionRequest,
 };
+use crr_proxy::proxy::{Proxy, Routes};
+use crr_proxy::reason::Recreated;
 use prost::Message;
 use support::containerd::Containerd;
 use support::{ProxyUnderTest, pods, raw};
@@ -217,15 +221,42 @@ async fn large_responses_pass_and_caller_deadlines_propagate() {
     assert_eq!(out.stdout.len(), TWELVE_MIB);
 
     // kubelet's deadline travels as grpc-timeout and containerd enforces it.
-    // A raw client with no timer of its own shows that the proxy carries it.
+    // A raw client with no timer of its own shows that the proxy carries it:
+    // the call ends at the deadline, as it does straight to containerd (1.6
+    // answers UNKNOWN "deadline exceeded"; 2.x resets the stream).
     let request = ExecSyncRequest {
         container_id: id.clone(),
         cmd: vec!["sleep".into(), "5".into()],
         timeout: 0,
     };
-    let mut sender = raw::connect(&proxy.socket).await.unwrap();
+    let direct = deadline_outcome(&ctrd.socket(), &request).await;
+    let proxied = deadline_outcome(&proxy.socket, &request).await;
+    assert_eq!(proxied.0, direct.0, "through the proxy vs direct");
+    assert!(
+        direct.0.contains("deadline exceeded: true") || direct.0.starts_with("reset"),
+        "not ended by the deadline: {direct:?}"
+    );
+    for (what, took) in [("direct", direct.1), ("proxied", proxied.1)] {
+        assert!(
+            took >= Duration::from_millis(900),
+            "{what}: ended before the deadline: {took:?}"
+        );
+        assert!(
+            took < Duration::from_secs(2),
+            "{what}: deadline not honoured: {took:?}"
+        );
+    }
+}
+
+/// How a 1 s `grpc-timeout` call of `request` to `socket` ends (its status
+/// and message, or the reset of its stream), and when.
+async fn deadline_outcome(
+    socket: &std::path::Path,
+    request: &ExecSyncRequest,
+) -> (String, Duration) {
+    let mut sender = raw::connect(socket).await.unwrap();
     let started = Instant::now();
-    let response = raw::send(
+    let sent = raw::send(
         &mut sender,
         raw::grpc_request(
             "/runtime.v1.RuntimeService/ExecSync",
@@ -233,33 +264,32 @@ async fn large_responses_pass_and_caller_deadlines_propagate() {
             raw::grpc_frame(&request.encode_to_vec()),
         ),
     )
-    .await
-    .unwrap();
-    let answer = raw::record(response).await.unwrap();
-    let took = started.elapsed();
-    // containerd 1.6 reports the expired context as UNKNOWN when killing the exec.
-    let message = answer
-        .headers
-        .get("grpc-message")
-        .and_then(|m| m.to_str().ok())
-        .unwrap_or("");
-    assert_ne!(
-        raw::grpc_status(&answer).as_deref(),
-        Some("0"),
-        "{answer:?}"
-    );
-    assert!(
-        message.contains("deadline exceeded"),
-        "not ended by the deadline: {answer:?}"
-    );
-    assert!(
-        took >= Duration::from_millis(900),
-        "ended before the deadline: {took:?}"
-    );
-    assert!(
-        took < Duration::from_secs(2),
-        "deadline not honoured: {took:?}"
-    );
+    .await;
+    let answer = match sent {
+        Ok(response) => raw::record(response).await,
+        Err(error) => Err(error),
+    };
+    let outcome = match answer {
+        Ok(answer) => {
+            // The message names the exec, which differs per call.
+            let message = answer
+                .trailers
+                .as_ref()
+                .unwrap_or(&answer.headers)
+                .get("grpc-message")
+                .and_then(|m| m.to_str().ok())
+                .unwrap_or("");
+            let deadline = message.contains("deadline exceeded");
+            format!(
+                "status {:?}, deadline exceeded: {deadline}",
+                raw::grpc_status(&answer)
+            )
+        }
+        // The h2 error names the stream and the reason (both the same on a
+        // fresh connection, direct or not).
+        Err(error) => format!("reset: {:?}", error.root_cause()),
+    };
+    (outcome, started.elapsed())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -436,4 +466,77 @@ async fn large_metadata_reaches_containerd_and_the_connection_carries_on() {
     let again = raw::record(again).await.unwrap();
     assert_eq!(raw::grpc_status(&again).as_deref(), Some("0"));
     assert!(!again.data.is_empty());
+}
+
+/// GetContainerEvents through the proxy. containerd 2.x streams events: the
+/// stopped event of a container crr-proxy recreated carries the CRR as its
+/// reason, though the stream opened before anything was recorded (as
+/// kubelet's does, at its start). containerd 1.6 does not implement the
+/// call, and its own answer passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn container_events_carry_the_crr_reason_of_recreated_containers() {
+    let ctrd = Containerd::start().unwrap();
+    let recreated = Arc::new(Recreated::in_memory());
+    let routes = Routes {
+        runtime: ctrd.endpoint(),
+        image: None,
+    };
+    let proxy = ProxyUnderTest::serve(Proxy::new(routes).with_reasons(Arc::clone(&recreated)));
+    let mut cri = proxy.client();
+    // grpc-go sends a stream's headers with its first message, so the call
+    // returns only once there is an event.
+    let mut watcher = proxy.client();
+    let events = tokio::spawn(async move {
+        watcher
+            .get_container_events(GetEventsRequest::default())
+            .await
+    });
+    if support::containerd::containerd_major().unwrap() < 2 {
+        let status = events.await.unwrap().unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unimplemented, "{status:?}");
+        return;
+    }
+    // The stream is open at containerd before anything happens.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (pod_id, pod) = pods::run_pod(&mut cri, "events", &ctrd.scratch("logs"))
+        .await
+        .unwrap();
+    let id = cri
+        .create_container(CreateContainerRequest {
+            pod_sandbox_id: pod_id,
+            config: Some(pods::container_config(&pod, "done", 0, &["true"])),
+            sandbox_config: Some(pod),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .container_id;
+    recreated.record(&id, "shop/restart-app").unwrap();
+    cri.start_container(StartContainerRequest {
+        container_id: id.clone(),
+    })
+    .await
+    .unwrap();
+    let stopped = ContainerEventType::ContainerStoppedEvent as i32;
+    let event = tokio::time::timeout(Duration::from_secs(20), async {
+        let mut events = events.await.unwrap().unwrap().into_inner();
+        loop {
+            let event = events.message().await.unwrap().expect("the stream ended");
+            if event.container_id == id && event.container_event_type == stopped {
+                return event;
+            }
+        }
+    })
+    .await
+    .expect("no stopped event for the container");
+    let status = event
+        .containers_statuses
+        .iter()
+        .find(|s| s.id == id)
+        .unwrap_or_else(|| panic!("the event has no status of {id}: {event:?}"));
+    assert_eq!(status.reason, "ContainerRecreateRequest", "{status:?}");
+    assert_eq!(
+        status.message,
+        "recreated by ContainerRecreateRequest shop/restart-app"
+    );
 }

@@ -247,8 +247,9 @@ async fn nothing_enters_a_client_header_block_on_its_way_to_containerd() {
 }
 
 /// 1 MiB header blocks of one-byte references to a 4 KB `:path` cost the
-/// proxy what their bytes cost: containerd answers each (its own limit), and
-/// a second client on its own connection is served meanwhile.
+/// proxy what their bytes cost: containerd gives its own answer at once (its
+/// own header-list limit), and a second client on its own connection is
+/// served meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_hpack_reference_flood_stalls_no_one() {
     let ctrd = Containerd::start().unwrap();
@@ -272,7 +273,13 @@ async fn an_hpack_reference_flood_stalls_no_one() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let figures = flood.await.unwrap().unwrap();
-    assert_eq!(figures["sent"], 3, "{figures}");
+    // containerd 1.6 refuses each flood request on its own; 2.x ends the
+    // connection with GOAWAY at the first. Either is the runtime's answer.
+    match figures["outcome"].as_str() {
+        Some("done") => assert_eq!(figures["sent"], 3, "{figures}"),
+        Some("goaway") => assert_eq!(figures["sent"], 1, "{figures}"),
+        _ => panic!("{figures}"),
+    }
     assert!(
         figures["total_s"].as_f64().unwrap() < 5.0,
         "the flood took long: {figures}"

@@ -12,6 +12,7 @@ use http::{HeaderMap, Response};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 
 use super::Endpoint;
+use crate::cri::Method;
 use crate::metrics::Metrics;
 use crate::reason::{Editor, Recreated};
 
@@ -47,11 +48,11 @@ pub(super) struct Call {
 }
 
 impl Call {
-    pub(super) fn start(metrics: &Arc<Metrics>, path: &str) -> Self {
+    pub(super) fn start(metrics: &Arc<Metrics>, method: Option<Method<'_>>) -> Self {
         metrics.call_started();
         Self {
             metrics: Arc::clone(metrics),
-            method: Metrics::method_index(path),
+            method: Metrics::method_index(method),
             started: Instant::now(),
             finished: false,
         }

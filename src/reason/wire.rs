@@ -11,6 +11,8 @@
 
 use std::ops::Range;
 
+use crate::cri::Method;
+
 /// CRI v1 field numbers (runtime/v1/api.proto).
 mod field {
     pub const STATUS_ID: u32 = 1;
@@ -43,12 +45,17 @@ pub enum StatusResponse {
 }
 
 impl StatusResponse {
-    /// The response type of a CRI method path, if it carries statuses.
-    pub fn for_path(path: &str) -> Option<Self> {
-        match path {
-            "/runtime.v1.RuntimeService/ContainerStatus" => Some(Self::ContainerStatus),
-            "/runtime.v1.RuntimeService/PodSandboxStatus" => Some(Self::PodSandboxStatus),
-            "/runtime.v1.RuntimeService/GetContainerEvents" => Some(Self::ContainerEvent),
+    /// The response type of a CRI method, if it carries statuses. Only v1:
+    /// the field numbers here are v1's, and kubelet has spoken nothing else
+    /// since Kubernetes 1.26.
+    pub fn for_method(method: Method<'_>) -> Option<Self> {
+        if method.version != "v1" || method.service != "RuntimeService" {
+            return None;
+        }
+        match method.name {
+            "ContainerStatus" => Some(Self::ContainerStatus),
+            "PodSandboxStatus" => Some(Self::PodSandboxStatus),
+            "GetContainerEvents" => Some(Self::ContainerEvent),
             _ => None,
         }
     }

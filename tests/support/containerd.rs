@@ -518,7 +518,7 @@ fn path_with(dir: &Path) -> Result<OsString> {
 /// The major version of the containerd under test (1 or 2), which picks the
 /// config format. Asked once per test binary: `containerd --version` prints
 /// `containerd github.com/containerd/containerd/v2 2.1.9+unknown`.
-fn containerd_major() -> Result<u32> {
+pub fn containerd_major() -> Result<u32> {
     static MAJOR: OnceLock<Result<u32, String>> = OnceLock::new();
     MAJOR
         .get_or_init(|| {

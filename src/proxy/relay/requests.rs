@@ -5,6 +5,7 @@ use bytes::BytesMut;
 use super::codec::Block;
 use super::streams::{Edit, Stream};
 use super::{RelayError, State};
+use crate::cri::Method;
 use crate::proxy::body::Call;
 use crate::proxy::editor_for;
 use crate::proxy::frame::{self, HEAD_LEN, Head};
@@ -79,14 +80,14 @@ impl State {
         }
         self.goaways.last_client_stream = block.stream;
         let path = block.fields.path.unwrap_or_default();
-        let path = std::str::from_utf8(&path).unwrap_or_default();
-        let edit = editor_for(path, self.recreated.as_ref()).map(|(editor, recreated)| Edit {
+        let method = std::str::from_utf8(&path).ok().and_then(Method::parse);
+        let edit = editor_for(method, self.recreated.as_ref()).map(|(editor, recreated)| Edit {
             editor,
             recreated,
             window: self.flow.open(),
             uncredited: 0,
         });
-        let call = Call::start(&self.metrics, path);
+        let call = Call::start(&self.metrics, method);
         self.streams.insert(block.stream, Stream::new(call, edit));
     }
 

@@ -22,6 +22,7 @@ use tracing::debug;
 
 use super::codec::{Block, Blocks};
 use super::{RelayError, put_frame};
+use crate::cri::Method;
 use crate::metrics::Metrics;
 use crate::proxy::Endpoint;
 use crate::proxy::body::{Call, UNAVAILABLE, unavailable_message};
@@ -274,8 +275,8 @@ impl Standin {
         let message = unavailable_message(&self.endpoint, &"it is unreachable");
         for call in calls {
             let path = call.fields.path.as_deref().unwrap_or_default();
-            let path = std::str::from_utf8(path).unwrap_or_default();
-            Call::start(&self.metrics, path).finish(UNAVAILABLE);
+            let method = std::str::from_utf8(path).ok().and_then(Method::parse);
+            Call::start(&self.metrics, method).finish(UNAVAILABLE);
             self.answered = call.stream;
             let answer = frame::grpc_status_frame(call.stream, false, UNAVAILABLE, &message);
             self.to_client.extend_from_slice(&answer);
