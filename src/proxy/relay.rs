@@ -542,11 +542,8 @@ mod tests {
         out
     }
 
-    /// Every byte the runtime sends on an edited stream comes back to it as
-    /// connection credit, also when it arrives while earlier edited bytes wait
-    /// for the client's window and the stream ends before they go.
-    #[test]
-    fn edited_bytes_received_while_others_wait_are_credited_back() {
+    /// A ContainerStatus answer (the wire_edit seed) as one gRPC message.
+    fn container_status_message() -> Vec<u8> {
         let message = &std::fs::read(format!(
             "{}/fuzz/corpus/wire_edit/container_status",
             env!("CARGO_MANIFEST_DIR")
@@ -555,22 +552,40 @@ mod tests {
         let mut grpc = vec![0];
         grpc.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
         grpc.extend_from_slice(message);
-        let path = b"/runtime.v1.RuntimeService/ContainerStatus";
-        let mut block = vec![0x83, 0x86, 0x44, u8::try_from(path.len()).unwrap()];
+        grpc
+    }
+
+    /// A request header block for `path`: literals, never indexed.
+    fn request_block(path: &[u8]) -> Vec<u8> {
+        let mut block = vec![0x83, 0x86, 0x04, u8::try_from(path.len()).unwrap()];
         block.extend_from_slice(path);
+        block
+    }
+
+    /// `grpc-status: 0` trailers, a literal never indexed.
+    const OK_TRAILERS: [u8; 15] = [
+        0, 11, b'g', b'r', b'p', b'c', b'-', b's', b't', b'a', b't', b'u', b's', 1, b'0',
+    ];
+
+    const CONTAINER_STATUS: &[u8] = b"/runtime.v1.RuntimeService/ContainerStatus";
+
+    /// Every byte the runtime sends on an edited stream comes back to it as
+    /// connection credit, also when it arrives while earlier edited bytes wait
+    /// for the client's window and the stream ends before they go.
+    #[test]
+    fn edited_bytes_received_while_others_wait_are_credited_back() {
+        let grpc = container_status_message();
         // A 10-byte stream window, then the call.
         let mut client = frame_bytes(frame::SETTINGS, 0, 0, &[0, 4, 0, 0, 0, 10]);
+        let block = request_block(CONTAINER_STATUS);
         client.extend(frame_bytes(frame::HEADERS, frame::END_HEADERS, 1, &block));
         // Two messages: the first fills the window and waits; the second
         // arrives while it waits; then the trailers.
         let mut upstream = frame_bytes(frame::HEADERS, frame::END_HEADERS, 1, &[0x88]);
         upstream.extend(frame_bytes(frame::DATA, 0, 1, &grpc));
         upstream.extend(frame_bytes(frame::DATA, 0, 1, &grpc));
-        let trailers = [
-            0, 11, b'g', b'r', b'p', b'c', b'-', b's', b't', b'a', b't', b'u', b's', 1, b'0',
-        ];
         let flags = frame::END_HEADERS | frame::END_STREAM;
-        upstream.extend(frame_bytes(frame::HEADERS, flags, 1, &trailers));
+        upstream.extend(frame_bytes(frame::HEADERS, flags, 1, &OK_TRAILERS));
         // The client reads it all: stream credit only (the connection
         // window is large enough).
         let more = frame_bytes(frame::WINDOW_UPDATE, 0, 1, &100_000u32.to_be_bytes());
@@ -594,6 +609,58 @@ mod tests {
             .map(|(h, p)| h.increment(p).unwrap())
             .sum();
         assert_eq!(credited, 2 * u32::try_from(grpc.len()).unwrap());
+    }
+
+    /// An edited answer held by its 10-byte stream window delays only its
+    /// stream: a Version answer on stream 3 and a PING ACK pass it. Its
+    /// trailers, and the runtime's RST_STREAM(NO_ERROR) after them, wait
+    /// for its data and follow it once the client credits the stream.
+    #[test]
+    fn a_held_answer_delays_only_its_stream_and_keeps_its_order() {
+        let grpc = container_status_message();
+        let mut client = frame_bytes(frame::SETTINGS, 0, 0, &[0, 4, 0, 0, 0, 10]);
+        let edited = request_block(CONTAINER_STATUS);
+        client.extend(frame_bytes(frame::HEADERS, frame::END_HEADERS, 1, &edited));
+        let version = request_block(b"/runtime.v1.RuntimeService/Version");
+        client.extend(frame_bytes(frame::HEADERS, frame::END_HEADERS, 3, &version));
+        let flags = frame::END_HEADERS | frame::END_STREAM;
+        let mut upstream = frame_bytes(frame::HEADERS, frame::END_HEADERS, 1, &[0x88]);
+        upstream.extend(frame_bytes(frame::DATA, 0, 1, &grpc));
+        upstream.extend(frame_bytes(frame::HEADERS, flags, 1, &OK_TRAILERS));
+        upstream.extend(frame_bytes(frame::RST_STREAM, 0, 1, &[0; 4]));
+        upstream.extend(frame_bytes(frame::HEADERS, frame::END_HEADERS, 3, &[0x88]));
+        upstream.extend(frame_bytes(frame::DATA, 0, 3, &[0, 0, 0, 0, 2, 10, 0]));
+        upstream.extend(frame_bytes(frame::HEADERS, flags, 3, &OK_TRAILERS));
+        upstream.extend(frame_bytes(frame::PING, frame::ACK, 0, &[7; 8]));
+        let more = frame_bytes(frame::WINDOW_UPDATE, 0, 1, &100_000u32.to_be_bytes());
+
+        let before = [record(false, &client), record(true, &upstream)].concat();
+        let (held, _) = feed(&before);
+        let held = frames(&held);
+        let kinds = |stream: u32| -> Vec<u8> {
+            held.iter()
+                .filter(|(h, _)| h.stream == stream)
+                .map(|(h, _)| h.kind)
+                .collect()
+        };
+        // Stream 1: its headers and 10 bytes; stream 3 complete; the ACK.
+        assert_eq!(kinds(1), [frame::HEADERS, frame::DATA], "{held:?}");
+        assert_eq!(kinds(3), [frame::HEADERS, frame::DATA, frame::HEADERS]);
+        assert!(held.iter().any(|(h, _)| h.kind == frame::PING));
+
+        let after = [before, record(false, &more)].concat();
+        let (to_client, _) = feed(&after);
+        let stream1: Vec<_> = frames(&to_client)
+            .into_iter()
+            .filter(|(h, _)| h.stream == 1)
+            .collect();
+        let (last, rest) = stream1.split_last().unwrap();
+        assert_eq!(last.0.kind, frame::RST_STREAM, "the reset comes last");
+        let (trailers, data) = rest.split_last().unwrap();
+        assert_eq!(trailers.0.kind, frame::HEADERS);
+        assert_eq!(trailers.1, OK_TRAILERS);
+        let body: Vec<u8> = data[1..].iter().flat_map(|(_, p)| p.clone()).collect();
+        assert!(contains(&body, crate::reason::REASON.as_bytes()));
     }
 
     /// With a 10-byte stream window, the edited answer reaches the client

@@ -69,8 +69,18 @@ impl State {
                 }
             }
             frame::RST_STREAM => {
-                self.to_client.relay(head, frame);
-                self.drop_stream(head.stream);
+                match self.streams.get_mut(head.stream) {
+                    // A complete answer still held: the reset (grpc-go's
+                    // NO_ERROR after the trailers) must not overtake it.
+                    Some(stream) if stream.ended && stream.holds() => {
+                        let frame = Bytes::copy_from_slice(frame);
+                        self.streams.hold_frames(head.stream, frame);
+                    }
+                    _ => {
+                        self.to_client.relay(head, frame);
+                        self.drop_stream(head.stream);
+                    }
+                }
                 return Ok(());
             }
             frame::GOAWAY => return self.upstream_goaway(head, frame),
@@ -160,9 +170,16 @@ impl State {
         let id = head.stream;
         let end_stream = head.flags & frame::END_STREAM != 0;
         let Some(stream) = self.streams.get_mut(id) else {
-            // A stream the relay has forgotten: the client will refuse it.
-            self.flow.spend(head.len, None);
-            self.to_client.relay(head, frame);
+            // A stream the client reset (or never opened): the client
+            // discards its DATA, but counts it against the connection.
+            if self.flow.room(None) >= head.len {
+                self.flow.spend(head.len, None);
+                self.to_client.relay(head, frame);
+            } else if let Ok(len @ 1..) = u32::try_from(head.len) {
+                // No room: dropped here, and the runtime gets its credit.
+                self.to_upstream
+                    .own(|out| frame::window_update(0, len, out));
+            }
             return Ok(());
         };
         let range = head.data(&frame[HEAD_LEN..])?;
@@ -293,9 +310,9 @@ impl State {
             let (piece, window) = stream.front_and_window();
             let Some(piece) = piece else { break };
             match piece {
-                Piece::Block(block) => {
-                    let block = block.clone();
-                    to_client.own(|out| out.extend_from_slice(&block));
+                Piece::Frames(frames) => {
+                    let frames = frames.clone();
+                    to_client.own(|out| out.extend_from_slice(&frames));
                 }
                 Piece::Data(data) => {
                     let (sent, done) =
@@ -379,7 +396,7 @@ impl State {
             stream.abandon_block();
             if stream.holds() {
                 stream.ended = true;
-                self.streams.hold_block(id, answer.freeze());
+                self.streams.hold_frames(id, answer.freeze());
             } else {
                 self.to_client.own(|out| out.extend_from_slice(&answer));
                 self.streams.remove(id);

@@ -49,8 +49,9 @@ pub(super) struct Edit {
 /// What a stream holds back, in order.
 pub(super) enum Piece {
     Data(Data),
-    /// A whole header block (the trailers), as frames.
-    Block(Bytes),
+    /// Whole frames that go as they are: a header block (the trailers), or
+    /// the reset after them.
+    Frames(Bytes),
 }
 
 /// DATA for the client, sent in as many frames as its windows require.
@@ -93,7 +94,7 @@ impl Stream {
 
     /// The front piece has gone.
     pub fn pop(&mut self) {
-        if let Some(Piece::Block(block)) = self.held.pop_front() {
+        if let Some(Piece::Frames(block)) = self.held.pop_front() {
             self.held_len -= block.len();
         }
     }
@@ -124,7 +125,7 @@ impl Stream {
     /// The block is complete: it takes its place in the queue.
     pub fn end_block(&mut self) {
         if let Some(block) = self.block.take() {
-            self.held.push_back(Piece::Block(block.freeze()));
+            self.held.push_back(Piece::Frames(block.freeze()));
         }
     }
 
@@ -139,7 +140,7 @@ impl Stream {
             .iter()
             .map(|piece| match piece {
                 Piece::Data(d) => d.data.len() + d.padding,
-                Piece::Block(_) => 0,
+                Piece::Frames(_) => 0,
             })
             .sum()
     }
@@ -196,12 +197,12 @@ impl Streams {
         }
     }
 
-    /// Holds a whole header block at the back of stream `id`'s queue.
-    pub fn hold_block(&mut self, id: u32, block: Bytes) {
+    /// Holds whole frames at the back of stream `id`'s queue.
+    pub fn hold_frames(&mut self, id: u32, block: Bytes) {
         self.waiting_from(id);
         if let Some(stream) = self.by_id.get_mut(&id) {
             stream.held_len += block.len();
-            stream.held.push_back(Piece::Block(block));
+            stream.held.push_back(Piece::Frames(block));
         }
     }
 
