@@ -12,7 +12,8 @@
 //! (`relay::standin`) with UNAVAILABLE naming the endpoint, and sends the
 //! client to a new, relayed connection once the runtime is back. Only when
 //! image calls go to an endpoint of their own is a connection served by
-//! hyper instead, which routes each call to its endpoint.
+//! hyper instead, which routes each call to its endpoint (`transcode`
+//! re-encodes the client's header blocks for it).
 
 mod body;
 mod frame;
@@ -20,6 +21,7 @@ pub(crate) mod hpack;
 mod listener;
 pub(crate) mod relay;
 mod socket;
+mod transcode;
 mod upstream;
 
 use std::convert::Infallible;
@@ -31,6 +33,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::DuplexStream;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
@@ -162,8 +165,8 @@ impl Proxy {
                     let conn = Arc::clone(&conn);
                     async move { Ok::<_, Infallible>(conn.forward(req).await) }
                 });
-                serve_terminated(server.serve_connection(TokioIo::new(stream), service), stop)
-                    .await;
+                let stream = TokioIo::new(transcode::serve(stream));
+                serve_terminated(server.serve_connection(stream, service), stop).await;
                 return;
             }
             let endpoint = routes.runtime.clone();
@@ -190,7 +193,7 @@ impl Proxy {
 /// Drives one terminated client connection until it ends; shutdown turns it
 /// into a graceful one.
 async fn serve_terminated<S>(
-    served: hyper::server::conn::http2::Connection<TokioIo<UnixStream>, S, TokioExecutor>,
+    served: hyper::server::conn::http2::Connection<TokioIo<DuplexStream>, S, TokioExecutor>,
     mut stop: watch::Receiver<bool>,
 ) where
     S: hyper::service::HttpService<Incoming, ResBody = ProxyBody>,

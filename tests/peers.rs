@@ -388,3 +388,27 @@ impl Drop for ScriptedRuntime {
         let _ = self.0.wait();
     }
 }
+
+/// With image calls on an endpoint of their own, the connection is served
+/// by hyper, which refuses a percent-encoded `:authority`: grpc C-core's
+/// calls, image and runtime alike, still reach their endpoints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpcio_calls_reach_both_endpoints_when_image_calls_go_elsewhere() {
+    use support::upstream::{self, FakeUpstream};
+    let runtime = FakeUpstream::start();
+    let image = FakeUpstream::start();
+    let proxy = ProxyUnderTest::start(Routes {
+        runtime: runtime.endpoint(),
+        image: Some(image.endpoint()),
+    });
+    let mut grpc = GrpcPeer::start(&proxy.socket);
+    // The in-test upstream implements neither: each answers itself.
+    for path in [VERSION, "/runtime.v1.ImageService/ListImages"] {
+        let answer = grpc.call(path, 5).await;
+        assert_eq!(code(&answer), "UNIMPLEMENTED", "{path}: {answer}");
+    }
+    let paths =
+        |seen: Vec<upstream::Seen>| -> Vec<String> { seen.into_iter().map(|s| s.path).collect() };
+    assert_eq!(paths(runtime.seen()), [VERSION]);
+    assert_eq!(paths(image.seen()), ["/runtime.v1.ImageService/ListImages"]);
+}

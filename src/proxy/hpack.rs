@@ -54,6 +54,9 @@ pub(super) struct Decoder {
     max_size: usize,
     /// The largest table the decoding peer has allowed (its SETTINGS).
     limit: usize,
+    /// Strings up to this long are reported (longer ones too if they fit
+    /// the table).
+    keep: usize,
     block: Progress,
 }
 
@@ -129,8 +132,16 @@ impl Decoder {
             size: 0,
             max_size: limit,
             limit,
+            keep: KEEP,
             block: Progress::default(),
         }
+    }
+
+    /// Reports every value up to `keep` bytes long (not only those that
+    /// matter to the relay): for a caller that re-encodes the fields.
+    pub fn keeping(mut self, keep: usize) -> Self {
+        self.keep = keep;
+        self
     }
 
     #[cfg(test)]
@@ -410,8 +421,8 @@ impl Decoder {
         // Longer than this, a string cannot fit the table (a Huffman code
         // is at most 30 bits a byte), so only its length matters.
         let keep = match huffman {
-            true => KEEP.max(self.max_size.saturating_mul(30) / 8),
-            false => KEEP.max(self.max_size),
+            true => self.keep.max(self.max_size.saturating_mul(30) / 8),
+            false => self.keep.max(self.max_size),
         };
         if len > keep {
             return Ok(Str::Skip { at, len });
