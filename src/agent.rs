@@ -213,7 +213,7 @@ pub async fn run(
     .reflect(writer);
     let reporter = Reporter {
         controller: REPORTER.into(),
-        instance: Some(node_name.clone()),
+        instance: Some(truncated(node_name.clone(), INSTANCE_LIMIT, "")),
     };
     let (standalone, streams) = match mode {
         Mode::Kruise => (None, None),
@@ -507,7 +507,12 @@ impl Agent {
                 .as_ref()
                 .and_then(|s| s.unready_grace_period_seconds)
             {
-                let Some(stamp) = crr.annotations().get(annotations::UNREADY_ACQUIRED) else {
+                // An empty stamp is none (kruise waits for it, too).
+                let stamp = crr
+                    .annotations()
+                    .get(annotations::UNREADY_ACQUIRED)
+                    .filter(|stamp| !stamp.is_empty());
+                let Some(stamp) = stamp else {
                     match &self.standalone {
                         Some(parts) => standalone::acquire_unready(self, parts, crr).await?,
                         None => debug!("waiting for kruise-manager to make the Pod not ready"),
@@ -628,15 +633,18 @@ impl Agent {
             let request = KillRequest {
                 grace_period,
                 // The webhook's copy of the Pod's preStop; without one, the
-                // container's own annotation (which may hold `sleep`).
-                pre_stop: spec.as_ref().and_then(|c| c.pre_stop.as_ref()).map(|p| {
-                    LifecycleHandler {
+                // container's own annotation (which may hold `sleep`). The
+                // webhook copies a sleep-only preStop as `{}`: that is none.
+                pre_stop: spec
+                    .as_ref()
+                    .and_then(|c| c.pre_stop.as_ref())
+                    .filter(|p| p.exec.is_some() || p.http_get.is_some() || p.tcp_socket.is_some())
+                    .map(|p| LifecycleHandler {
                         exec: p.exec.clone(),
                         http_get: p.http_get.clone(),
                         tcp_socket: p.tcp_socket.clone(),
                         ..Default::default()
-                    }
-                }),
+                    }),
                 ports: spec
                     .as_ref()
                     .map(|c| c.ports.clone())
@@ -703,7 +711,7 @@ impl Agent {
         let event = Event {
             type_,
             reason: reason.into(),
-            note: Some(note),
+            note: Some(truncated(note, NOTE_LIMIT, " ...")),
             action: reason.into(),
             secondary: None,
         };
@@ -949,9 +957,44 @@ fn check_runtime(crr: &ContainerRecreateRequest, runtime: &str) -> Result<(), St
     }
 }
 
+/// events.k8s.io refuses a note over 1 024 bytes and a reportingInstance
+/// over 128 (an Event that breaks either is lost).
+const NOTE_LIMIT: usize = 1024;
+const INSTANCE_LIMIT: usize = 128;
+
+/// `text` cut to at most `limit` bytes, ending in `suffix` when cut, as the
+/// scheduler cuts its Event notes (here on a character boundary).
+fn truncated(mut text: String, limit: usize, suffix: &str) -> String {
+    if text.len() <= limit {
+        return text;
+    }
+    let mut end = limit.saturating_sub(suffix.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.push_str(suffix);
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn event_notes_and_instances_are_cut_to_what_the_api_server_takes() {
+        let long = "é".repeat(700);
+        let note = truncated(long.clone(), NOTE_LIMIT, " ...");
+        assert!(
+            note.len() <= NOTE_LIMIT && note.ends_with(" ..."),
+            "{}",
+            note.len()
+        );
+        assert!(long.starts_with(note.trim_end_matches(" ...")));
+        assert_eq!(truncated("short".into(), NOTE_LIMIT, " ..."), "short");
+        let node = truncated("n".repeat(253), INSTANCE_LIMIT, "");
+        assert_eq!(node.len(), INSTANCE_LIMIT);
+    }
     use crate::crr::{ContainerRecreateRequestContainer, ContainerRecreateRequestContainerContext};
 
     fn crr(ids: &[(&str, Option<&str>)]) -> ContainerRecreateRequest {

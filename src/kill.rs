@@ -67,6 +67,8 @@ pub enum StateAfter {
     Gone,
     /// Anything else the runtime reports (it should not happen after a stop).
     Other(ContainerState),
+    /// The stop succeeded, and reading the state after it failed.
+    Unknown,
 }
 
 /// What one kill did, for the CRR status, Events and metrics.
@@ -245,7 +247,15 @@ impl Killer {
             Err(status) if status.code() == tonic::Code::NotFound => {}
             Err(status) => return Err(runtime_error("StopContainer", id, &status)),
         }
-        let after = state_after(self.status(id).await?);
+        // The stop's own answer decides the outcome (kruise reads nothing
+        // after it): a status read that fails now only leaves it unknown.
+        let after = match self.status(id).await {
+            Ok(status) => state_after(status),
+            Err(error) => {
+                warn!(container = id, %error, "stopped; its state afterwards is unknown");
+                StateAfter::Unknown
+            }
+        };
         info!(
             container = id,
             ?after,

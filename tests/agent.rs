@@ -800,6 +800,103 @@ async fn standalone_a_pod_deleted_mid_recreate_completes_the_crr() {
     assert_eq!(done["status"]["message"], "pod has gone");
 }
 
+/// A sleep-only preStop (issue 15, defect 2). The webhook copies it as
+/// `preStop: {}` (kruise's ProbeHandler has no `sleep`), and the container's
+/// own hook, which kubelet keeps in its annotation, is honoured: the old
+/// container stops no sooner than its 3 s sleep allows.
+async fn a_sleep_pre_stop_is_honoured(mode: Mode) {
+    let cluster = Cluster::new(mode).await;
+    let mut app = ContainerSpec::graceful("app");
+    app.pre_stop = Some(json!({"sleep": {"seconds": 3}}));
+    cluster
+        .kubelet
+        .run_pod(PodSpec::new("podsleep", vec![app]))
+        .await;
+    cluster.create("crr-sleep", "podsleep", &["app"], Value::Null, json!({}));
+    let created = cluster.accepted("crr-sleep").await;
+    assert_eq!(created["spec"]["containers"][0]["preStop"], json!({}));
+    let done = cluster
+        .completed("crr-sleep", Duration::from_secs(30))
+        .await;
+    let pod = cluster.kubelet.wait_ready("podsleep").await;
+    assert_recreated(&done, &pod, &["app"]);
+    let after = finished_at(&pod, "app") - seconds(&created["metadata"]["creationTimestamp"]);
+    assert!(
+        after >= 3,
+        "the app stopped {after}s after the CRR was created: its 3 s sleep was skipped"
+    );
+}
+
+/// A failing exec preStop that prints 3 000 bytes (issue 15, defect 5): the
+/// FailedPreStopHook Event is recorded, its note cut to the 1 024 bytes
+/// events.k8s.io takes (the fake API server refuses longer ones, as the real
+/// one does), and the container is still recreated.
+async fn a_failed_hook_with_long_output_is_recorded_cut_to_size(mode: Mode) {
+    let cluster = Cluster::new(mode).await;
+    let mut app = ContainerSpec::graceful("app");
+    let noisy = "head -c 3000 /dev/zero | tr '\\0' x; exit 3";
+    app.pre_stop = Some(json!({"exec": {"command": ["sh", "-c", noisy]}}));
+    cluster
+        .kubelet
+        .run_pod(PodSpec::new("podnoisy", vec![app]))
+        .await;
+    cluster.create("crr-noisy", "podnoisy", &["app"], Value::Null, json!({}));
+    let done = cluster
+        .completed("crr-noisy", Duration::from_secs(30))
+        .await;
+    let pod = cluster.kubelet.wait_ready("podnoisy").await;
+    assert_recreated(&done, &pod, &["app"]);
+    let event = wait_for(Duration::from_secs(5), || {
+        cluster
+            .api
+            .list(Resource::Event, Some(NAMESPACE), &Default::default())
+            .into_iter()
+            .find(|e| e["reason"] == "FailedPreStopHook")
+    })
+    .await
+    .expect("a FailedPreStopHook Event");
+    let note = event["note"].as_str().unwrap();
+    assert!(
+        note.len() <= 1024 && note.ends_with(" ..."),
+        "{} bytes: {note}",
+        note.len()
+    );
+    assert!(
+        note.contains("xxxxxxxx"),
+        "the hook's output is in the note: {note}"
+    );
+}
+
+/// An empty unready-acquired stamp is none (issue 15, defect 4): kruise
+/// waits for the stamp (standalone writes it itself); the container is
+/// recreated, and the CRR does not end with "failed to parse unready time".
+async fn an_empty_unready_stamp_counts_as_none(mode: Mode) {
+    let cluster = Cluster::new(mode).await;
+    cluster.kubelet.run_pod(app_and_sidecar("podstamp")).await;
+    let crr = json!({
+        "metadata": {
+            "name": "crr-stamp",
+            "annotations": {"crr.apps.kruise.io/unready-acquired": ""},
+        },
+        "spec": {
+            "podName": "podstamp",
+            "containers": [{"name": "app"}],
+            "strategy": {"unreadyGracePeriodSeconds": 1},
+        },
+    });
+    cluster
+        .api
+        .create(Resource::Crr, NAMESPACE, crr)
+        .expect("create CRR");
+    let done = cluster
+        .completed("crr-stamp", Duration::from_secs(30))
+        .await;
+    assert_eq!(done["status"]["phase"], "Completed", "{done}");
+    assert!(done["status"]["message"].is_null(), "{done}");
+    let pod = cluster.kubelet.wait_ready("podstamp").await;
+    assert_recreated(&done, &pod, &["app"]);
+}
+
 /// Each scenario, once next to kruise-manager and once standalone.
 macro_rules! in_both_modes {
     ($($name:ident),* $(,)?) => {
@@ -967,6 +1064,9 @@ in_both_modes!(
     e2e_4a_and_4b_force_recreate,
     two_crrs_for_one_pod_back_to_back_both_complete,
     a_watch_compacted_mid_recreate_relists_and_loses_nothing,
+    a_sleep_pre_stop_is_honoured,
+    a_failed_hook_with_long_output_is_recorded_cut_to_size,
+    an_empty_unready_stamp_counts_as_none,
 );
 
 /// A hostile CRR: name, Pod, containers, strategy, more spec, and the

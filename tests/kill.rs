@@ -376,3 +376,20 @@ async fn concurrent_kills_of_one_container_run_one_hook() {
     assert_eq!(read(&f.ctrd.scratch("twice").join("count")), "run\n");
     assert!(matches!(a.after, StateAfter::Exited { .. }));
 }
+
+/// The stop's own answer decides: once StopContainer succeeded, a
+/// ContainerStatus that fails (the runtime is busy) leaves the state
+/// unknown, and the kill has still succeeded (kruise reads nothing after it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_error_after_a_successful_stop_is_no_failure() {
+    let mut f = Fixture::new().await;
+    let id = f.run("busy-runtime", |_, _| {}).await;
+    let interposer = support::interposer::StatusFailsAfterStop::start(f.ctrd.socket());
+    let killer = Killer::new(support::client(&interposer.endpoint()), None);
+    let outcome = killer.kill(&id, request(5, None)).await;
+    let outcome = outcome.unwrap_or_else(|error| panic!("the kill failed: {error}"));
+    // (Compared by name, so that this test builds on the code before the fix.)
+    assert_eq!(format!("{:?}", outcome.after), "Unknown");
+    assert!(outcome.stop_timeout.is_some(), "{outcome:?}");
+    assert_eq!(f.state(&id).await, ContainerState::ContainerExited);
+}

@@ -551,6 +551,9 @@ impl FakeApiServer {
                 "metadata.name: Required value",
             ));
         }
+        if resource == Resource::Event {
+            validate_event(&obj)?;
+        }
         let key = (resource, scope(resource, namespace), name.clone());
         if store.objects.contains_key(&key) {
             return Err(ApiError::new(
@@ -1184,4 +1187,27 @@ fn percent_decode(text: &str) -> String {
         i += 1;
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// events.k8s.io/v1's validation of the fields whose size is bounded
+/// (k8s.io/kubernetes pkg/apis/core/validation, ValidateEventCreate): an
+/// Event that breaks one is refused, and lost.
+fn validate_event(event: &Value) -> Result<(), ApiError> {
+    for (field, limit) in [
+        ("note", 1024),
+        ("reportingController", 128),
+        ("reportingInstance", 128),
+        ("action", 128),
+        ("reason", 128),
+    ] {
+        let len = event.get(field).and_then(Value::as_str).map_or(0, str::len);
+        if len > limit {
+            return Err(ApiError::new(
+                422,
+                "Invalid",
+                format!("{field}: Too long: may not be more than {limit} bytes"),
+            ));
+        }
+    }
+    Ok(())
 }

@@ -5,6 +5,7 @@
 pub mod apiserver;
 pub mod containerd;
 pub mod images;
+pub mod interposer;
 pub mod pods;
 pub mod policy;
 pub mod raw;
