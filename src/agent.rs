@@ -4,10 +4,11 @@
 //! serialises the work per Pod, and recreates containers through the kill
 //! engine; kubelet restarts them.
 
+mod backoff;
 mod queue;
 mod standalone;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -41,6 +42,7 @@ use crate::crr::{
 use crate::kill::{self, HookResult, KillRequest, Killer};
 use crate::metrics::{CrrOutcome, Metrics};
 use crate::reason::Recreated;
+use backoff::WatchBackoff;
 use queue::{Next, Queue};
 
 /// kruise-daemon runs 32 workers.
@@ -209,7 +211,7 @@ pub async fn run(
         Api::<ContainerRecreateRequest>::all(client.clone()),
         watcher::Config::default().labels(&selector),
     )
-    .default_backoff()
+    .backoff(WatchBackoff::default())
     .reflect(writer);
     let reporter = Reporter {
         controller: REPORTER.into(),
@@ -238,7 +240,7 @@ pub async fn run(
     });
     info!(node = %node_name, %selector, ?mode, "watching ContainerRecreateRequests");
     let gate = Arc::new(SyncGate::new(if streams.is_some() { 4 } else { 1 }, synced));
-    let dispatcher = tokio::spawn(Arc::clone(&agent).dispatch());
+    let dispatcher = tokio::spawn(Arc::clone(&agent).dispatch(Arc::clone(&gate)));
     let mut followers = vec![tokio::spawn(follow(
         active,
         "active CRRs",
@@ -268,6 +270,12 @@ impl SyncGate {
             waiting: Mutex::new(watches),
             synced,
         }
+    }
+
+    /// Returns once every watch has synced once.
+    async fn wait(&self) {
+        let mut synced = self.synced.subscribe();
+        let _ = synced.wait_for(|synced| *synced).await;
     }
 
     fn one_synced(&self) {
@@ -310,6 +318,12 @@ impl Watched for ContainerRecreateRequest {
 /// Feeds one watch into the queue. Every change, deletions and finished CRRs
 /// included, wakes its Pod: kruise ignores those, which leaves the Pod's
 /// next CRR Pending until something else touches it (#1626, #2474).
+///
+/// A listing (at start, and the relist after a 410) reaches the reflector's
+/// store only whole, at `InitDone`: a sync started by an `InitApply` would
+/// read the store from before. So the Pods of a listing are queued at its
+/// `InitDone`, together with the Pods of the listing before (a CRR of theirs
+/// may have gone meanwhile).
 async fn follow<K, S>(events: S, what: &'static str, agent: Arc<Agent>, gate: Arc<SyncGate>)
 where
     K: Watched,
@@ -317,11 +331,19 @@ where
 {
     let mut events = std::pin::pin!(events);
     let mut synced = false;
+    // The Pods of the listing under way, and of the last one (and since).
+    let mut listing = HashSet::new();
+    let mut listed = HashSet::new();
     while let Some(event) = events.next().await {
         match event {
-            Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) => {
+            Ok(watcher::Event::InitApply(obj)) => {
+                obj.seen(&agent);
+                listing.extend(obj.pod_key());
+            }
+            Ok(watcher::Event::Apply(obj)) => {
                 obj.seen(&agent);
                 if let Some(key) = obj.pod_key() {
+                    listed.insert(key.clone());
                     agent.queue.add(key);
                 }
             }
@@ -332,12 +354,17 @@ where
                 }
             }
             Ok(watcher::Event::InitDone) => {
+                let fresh = std::mem::take(&mut listing);
+                for key in listed.drain().chain(fresh.iter().cloned()) {
+                    agent.queue.add(key);
+                }
+                listed = fresh;
                 if !synced {
                     synced = true;
                     gate.one_synced();
                 }
             }
-            Ok(watcher::Event::Init) => {}
+            Ok(watcher::Event::Init) => listing.clear(),
             // The watcher backs off and re-lists (410 Gone included); the
             // reflector keeps the last state meanwhile.
             Err(error) => warn!(%error, what, "watch failed; retrying"),
@@ -396,7 +423,11 @@ fn now_nanos() -> i64 {
 // === impl Agent ===
 
 impl Agent {
-    async fn dispatch(self: Arc<Self>) {
+    /// Runs the syncs of due Pods, once every watch has listed: a sync
+    /// reads several stores, and one not yet listed would make a Pod or a
+    /// CRR look absent.
+    async fn dispatch(self: Arc<Self>, gate: Arc<SyncGate>) {
+        gate.wait().await;
         let workers = Arc::new(Semaphore::new(WORKERS));
         loop {
             let (ready, next) = self.queue.take_due();

@@ -12,6 +12,7 @@
 //! path (`node-name=<node>`) and a `spec.nodeName=<node>` Pod watch, as
 //! kubelet's own.
 
+use super::backoff::WatchBackoff;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -81,14 +82,14 @@ pub(crate) fn watches(client: &kube::Client, node: &str) -> (Parts, Streams) {
             Api::<Pod>::all(client.clone()),
             watcher::Config::default().fields(&format!("spec.nodeName={node}")),
         )
-        .default_backoff()
+        .backoff(WatchBackoff::default())
         .reflect(pod_writer)
         .boxed(),
         unaccepted: watcher(
             crrs(),
             watcher::Config::default().labels(&format!("!{}", labels::NODE_NAME)),
         )
-        .default_backoff()
+        .backoff(WatchBackoff::default())
         .reflect(unaccepted_writer)
         .boxed(),
         finished: watcher(
@@ -99,7 +100,7 @@ pub(crate) fn watches(client: &kube::Client, node: &str) -> (Parts, Streams) {
                 labels::ACTIVE
             )),
         )
-        .default_backoff()
+        .backoff(WatchBackoff::default())
         .reflect(finished_writer)
         .boxed(),
     };
@@ -249,11 +250,10 @@ pub(crate) async fn manage_pod(
     parts: &Parts,
     key: &PodKey,
 ) -> Result<Outcome, AgentError> {
-    // Acting on a half-listed cache would take a Pod for gone.
-    for store in [&parts.unaccepted, &parts.finished] {
-        store.wait_until_ready().await.ok();
-    }
-    parts.pods.wait_until_ready().await.ok();
+    // Acting on a half-listed cache would take a Pod for gone: syncs start
+    // only once every store has listed (`Agent::dispatch`). Waiting here on
+    // each store's `wait_until_ready` instead left syncs waiting for good:
+    // of three Pods listed together, only one sync went on.
     let pod = parts.pod(key);
     let mut wrote = false;
     let mut next = Next::Done;

@@ -309,6 +309,10 @@ struct Inner {
     admission: Mutex<Vec<Admission>>,
     /// Bumped to end every open watch (compaction).
     reset: watch::Sender<u64>,
+    /// Lists answer at most this many items a page, each page after the
+    /// first this much later (a large cluster's API server; see
+    /// `set_list_pages`).
+    pages: Mutex<Option<(usize, Duration)>>,
 }
 
 /// The fake API server; clones share it.
@@ -339,6 +343,7 @@ impl FakeApiServer {
             changes: broadcast::channel(HISTORY).0,
             admission: Mutex::new(Vec::new()),
             reset: watch::channel(0).0,
+            pages: Mutex::new(None),
         });
         let server = Self { url, inner };
         let handle = server.clone();
@@ -394,6 +399,13 @@ impl FakeApiServer {
         let mut config = kube::Config::new(self.url.parse().expect("server URL"));
         config.default_namespace = "default".into();
         config
+    }
+
+    /// From now on, lists answer `size` items a page, and each page after
+    /// the first `delay` later: the reflector's store fills only once the
+    /// last page is in (kube-runtime swaps it at InitDone).
+    pub fn set_list_pages(&self, size: usize, delay: Duration) {
+        *lock(&self.inner.pages) = Some((size, delay));
     }
 
     /// Makes the server unreachable (every connection dropped) or reachable
@@ -977,10 +989,36 @@ impl FakeApiServer {
                         Duration::from_secs(timeout),
                     ));
                 }
+                let pages = *lock(&self.inner.pages);
+                // `continue` is "<resourceVersion>/<offset>": later pages
+                // carry the first page's version, as a real list does.
+                let from = query.get("continue").and_then(|token| {
+                    let (rv, offset) = token.split_once('/')?;
+                    Some((rv.parse::<u64>().ok()?, offset.parse::<usize>().ok()?))
+                });
+                if let (Some((_, delay)), Some(_)) = (pages, from) {
+                    tokio::time::sleep(delay).await;
+                }
                 let store = self.store();
-                let items: Vec<Value> = store.list(resource, namespace.as_deref(), &selector);
+                let mut items: Vec<Value> = store.list(resource, namespace.as_deref(), &selector);
+                let (rv, offset) = from.unwrap_or((store.rv, 0));
+                drop(store);
+                let limit = query.get("limit").and_then(|l| l.parse::<usize>().ok());
+                let size = [limit, pages.map(|(size, _)| size)]
+                    .into_iter()
+                    .flatten()
+                    .min()
+                    .unwrap_or(usize::MAX)
+                    .max(1);
+                let mut metadata = json!({"resourceVersion": rv.to_string()});
+                let rest = items.split_off(offset.min(items.len()));
+                items = rest;
+                if items.len() > size {
+                    items.truncate(size);
+                    metadata["continue"] = json!(format!("{rv}/{}", offset + size));
+                }
                 let list = json!({"kind": format!("{}List", resource.kind()), "apiVersion": resource.api_version(),
-                                  "metadata": {"resourceVersion": store.rv.to_string()}, "items": items});
+                                  "metadata": metadata, "items": items});
                 ok(200, list)
             }
             (&Method::GET, Some(name)) => self
