@@ -156,8 +156,8 @@ pub fn init_logging() {
 
 /// True if `status` says the server did not process the call: it refused
 /// the stream (REFUSED_STREAM), or its GOAWAY's last stream ID is below it.
-/// grpc-go and C-core retry such a call on their own; tonic hands it to the
-/// caller. The proxy's stand-in answers so the one call that arrives after
+/// grpc C-core retries such a call on its own (tests/peers.rs shows it);
+/// tonic hands it to the caller. The proxy's stand-in answers so the one call that arrives after
 /// the runtime is back, as it sends the client to a relayed connection.
 pub fn refused(status: &tonic::Status) -> bool {
     let text = format!("{status:?}");
