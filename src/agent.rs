@@ -739,16 +739,33 @@ impl Agent {
         reason: &str,
         note: String,
     ) {
-        let event = Event {
+        let note = truncated(note, NOTE_LIMIT, " ...");
+        let event = || Event {
             type_,
             reason: reason.into(),
-            note: Some(truncated(note, NOTE_LIMIT, " ...")),
+            note: Some(note.clone()),
             action: reason.into(),
             secondary: None,
         };
-        if let Err(error) = self.recorder.publish(&event, reference).await {
-            warn!(%error, reason, "could not record an Event");
-        }
+        let Err(error) = self.recorder.publish(&event(), reference).await else {
+            return;
+        };
+        // kube's client retries 429 and 503 by itself; other failures (a 500
+        // from an API server under load) are retried here, in the background
+        // so that the kill goes on, a few times as client-go's broadcaster does.
+        debug!(%error, reason, "could not record an Event; retrying");
+        let (recorder, reference, event) = (self.recorder.clone(), reference.clone(), event());
+        tokio::spawn(async move {
+            let mut last = error;
+            for delay in EVENT_RETRIES {
+                tokio::time::sleep(delay).await;
+                match recorder.publish(&event, &reference).await {
+                    Ok(()) => return,
+                    Err(error) => last = error,
+                }
+            }
+            warn!(error = %last, reason = %event.reason, "could not record an Event");
+        });
     }
 
     /// The runtime's name (`containerd`), as in containerIDs' prefix.
@@ -987,6 +1004,14 @@ fn check_runtime(crr: &ContainerRecreateRequest, runtime: &str) -> Result<(), St
         Some(_) => Ok(()),
     }
 }
+
+/// How long to wait before each further try of an Event write that failed.
+const EVENT_RETRIES: [Duration; 4] = [
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+    Duration::from_secs(4),
+    Duration::from_secs(8),
+];
 
 /// events.k8s.io refuses a note over 1 024 bytes and a reportingInstance
 /// over 128 (an Event that breaks either is lost).

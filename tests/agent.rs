@@ -953,6 +953,49 @@ async fn crrs_that_exist_before_the_agent_starts_are_taken_at_once(mode: Mode) {
     assert!(took < Duration::from_secs(8), "the CRRs took {took:?}");
 }
 
+/// An API server under load refuses the agent's first Event writes, with
+/// 429 (Retry-After: 1, which kube's client retries by itself) or with 500
+/// (which it does not): the Killing Event is still recorded, as client-go's
+/// event broadcaster retries, and the CRR completes.
+async fn a_refused_event_write_is_retried(mode: Mode) {
+    for code in [429, 500] {
+        event_write_refused_with(mode, code).await;
+    }
+}
+
+async fn event_write_refused_with(mode: Mode, code: u16) {
+    let cluster = Cluster::new(mode).await;
+    cluster
+        .kubelet
+        .run_pod(app_and_sidecar("podthrottled"))
+        .await;
+    cluster.api.fail_writes(Resource::Event, code, 2);
+    cluster.create(
+        "crr-throttled",
+        "podthrottled",
+        &["app"],
+        Value::Null,
+        json!({}),
+    );
+    let done = cluster
+        .completed("crr-throttled", Duration::from_secs(30))
+        .await;
+    assert_eq!(states(&done)[0]["phase"], "Succeeded", "{done}");
+    let killing = wait_for(Duration::from_secs(10), || {
+        cluster
+            .api
+            .list(Resource::Event, Some(NAMESPACE), &Default::default())
+            .into_iter()
+            .find(|e| e["reason"] == "Killing")
+    })
+    .await;
+    assert!(
+        killing.is_some(),
+        "the Killing Event was lost to the {code}s"
+    );
+    assert_eq!(cluster.api.faults_left(), 0, "the {code}s were answered");
+}
+
 /// Each scenario, once next to kruise-manager and once standalone.
 macro_rules! in_both_modes {
     ($($name:ident),* $(,)?) => {
@@ -1124,6 +1167,7 @@ in_both_modes!(
     a_failed_hook_with_long_output_is_recorded_cut_to_size,
     an_empty_unready_stamp_counts_as_none,
     crrs_that_exist_before_the_agent_starts_are_taken_at_once,
+    a_refused_event_write_is_retried,
 );
 
 /// A hostile CRR: name, Pod, containers, strategy, more spec, and the

@@ -313,6 +313,17 @@ struct Inner {
     /// first this much later (a large cluster's API server; see
     /// `set_list_pages`).
     pages: Mutex<Option<(usize, Duration)>>,
+    /// Writes to answer with an error instead (`fail_writes`).
+    faults: Mutex<Vec<Fault>>,
+}
+
+/// The next `left` writes (POST, PUT, PATCH, DELETE) to `resource` are
+/// answered `code` (429 comes with Retry-After, as a throttling API server
+/// sends it), and not applied.
+struct Fault {
+    resource: Resource,
+    code: u16,
+    left: usize,
 }
 
 /// The fake API server; clones share it.
@@ -344,6 +355,7 @@ impl FakeApiServer {
             admission: Mutex::new(Vec::new()),
             reset: watch::channel(0).0,
             pages: Mutex::new(None),
+            faults: Mutex::new(Vec::new()),
         });
         let server = Self { url, inner };
         let handle = server.clone();
@@ -406,6 +418,21 @@ impl FakeApiServer {
     /// last page is in (kube-runtime swaps it at InitDone).
     pub fn set_list_pages(&self, size: usize, delay: Duration) {
         *lock(&self.inner.pages) = Some((size, delay));
+    }
+
+    /// The next `count` writes to `resource` are refused with `code` (429
+    /// Too Many Requests, or a 5xx), as an API server under load refuses them.
+    pub fn fail_writes(&self, resource: Resource, code: u16, count: usize) {
+        lock(&self.inner.faults).push(Fault {
+            resource,
+            code,
+            left: count,
+        });
+    }
+
+    /// How many of the failures `fail_writes` asked for are still to come.
+    pub fn faults_left(&self) -> usize {
+        lock(&self.inner.faults).iter().map(|f| f.left).sum()
     }
 
     /// Makes the server unreachable (every connection dropped) or reachable
@@ -832,7 +859,15 @@ impl FakeApiServer {
         };
         match CALLER.scope(caller, self.route(req)).await {
             Ok(response) => response,
-            Err(error) => respond(error.code, &error.status()),
+            Err(error) => {
+                let mut response = respond(error.code, &error.status());
+                if error.code == 429 {
+                    response
+                        .headers_mut()
+                        .insert("retry-after", http::HeaderValue::from_static("1"));
+                }
+                response
+            }
         }
     }
 
@@ -962,6 +997,26 @@ impl FakeApiServer {
             if let Some(hit) = stalled {
                 hit.notify_one();
                 std::future::pending::<()>().await;
+            }
+        }
+        if parts.method != Method::GET {
+            let mut faults = lock(&self.inner.faults);
+            if let Some(fault) = faults
+                .iter_mut()
+                .find(|f| f.resource == resource && f.left > 0)
+            {
+                fault.left -= 1;
+                let (reason, message) = match fault.code {
+                    429 => (
+                        "TooManyRequests",
+                        "the server has received too many requests",
+                    ),
+                    _ => (
+                        "InternalError",
+                        "an error on the server has prevented the request",
+                    ),
+                };
+                return Err(ApiError::new(fault.code, reason, message));
             }
         }
         let ns = namespace.clone().unwrap_or_default();
