@@ -150,6 +150,18 @@ pub(super) fn window_update(stream: u32, increment: u32, out: &mut BytesMut) {
     out.put_u32(increment);
 }
 
+/// A frame of `kind` carrying `payload`.
+pub(super) fn put(out: &mut BytesMut, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
+    Head {
+        len: payload.len(),
+        kind,
+        flags,
+        stream,
+    }
+    .encode(out);
+    out.extend_from_slice(payload);
+}
+
 /// GOAWAY, with `debug` as its additional debug data.
 pub(super) fn goaway(last_stream: u32, code: u32, debug: &[u8], out: &mut BytesMut) {
     Head {
@@ -228,7 +240,7 @@ pub(super) fn grpc_status_frame(
 
 /// A "literal header field without indexing, new name" (RFC 7541 §6.2.2),
 /// without Huffman coding.
-fn literal(out: &mut BytesMut, name: &[u8], value: &[u8]) {
+pub(super) fn literal(out: &mut BytesMut, name: &[u8], value: &[u8]) {
     out.put_u8(0);
     string(out, name);
     string(out, value);

@@ -33,7 +33,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::BytesMut;
 use tokio::net::UnixStream;
 use tokio::sync::watch;
 use tracing::debug;
@@ -453,21 +452,10 @@ fn whole_frames(mut buf: &[u8]) -> bool {
     buf.is_empty()
 }
 
-/// Appends a frame of `kind` with `payload` (the relay's own frames).
-fn put_frame(out: &mut BytesMut, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
-    Head {
-        len: payload.len(),
-        kind,
-        flags,
-        stream,
-    }
-    .encode(out);
-    out.extend_from_slice(payload);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::BytesMut;
 
     fn seed(name: &str) -> Vec<u8> {
         let path = format!(
@@ -522,14 +510,7 @@ mod tests {
 
     fn frame_bytes(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
         let mut out = BytesMut::new();
-        Head {
-            len: payload.len(),
-            kind,
-            flags,
-            stream,
-        }
-        .encode(&mut out);
-        out.extend_from_slice(payload);
+        frame::put(&mut out, kind, flags, stream, payload);
         out.to_vec()
     }
 

@@ -204,9 +204,7 @@ fn encode(request: &Request, out: &mut BytesMut) {
             }
             _ => &value[..],
         };
-        block.extend_from_slice(&[0]);
-        string(&mut block, name);
-        string(&mut block, value);
+        frame::literal(&mut block, name, value);
     }
     let mut kind = frame::HEADERS;
     let mut flags = match request.end_stream {
@@ -218,42 +216,13 @@ fn encode(request: &Request, out: &mut BytesMut) {
         if block.is_empty() {
             flags |= frame::END_HEADERS;
         }
-        Head {
-            len: piece.len(),
-            kind,
-            flags,
-            stream: request.stream,
-        }
-        .encode(out);
-        out.extend_from_slice(&piece);
+        frame::put(out, kind, flags, request.stream, &piece);
         if block.is_empty() {
             return;
         }
         kind = frame::CONTINUATION;
         flags = 0;
     }
-}
-
-/// A string literal without Huffman coding (RFC 7541 §5.2).
-fn string(out: &mut BytesMut, value: &[u8]) {
-    integer(out, value.len(), 7);
-    out.extend_from_slice(value);
-}
-
-/// An integer with an `prefix`-bit prefix (RFC 7541 §5.1), flag bits zero.
-fn integer(out: &mut BytesMut, mut value: usize, prefix: u8) {
-    let max = (1usize << prefix) - 1;
-    if value < max {
-        out.extend_from_slice(&[value as u8]);
-        return;
-    }
-    out.extend_from_slice(&[max as u8]);
-    value -= max;
-    while value >= 0x80 {
-        out.extend_from_slice(&[(value as u8 & 0x7f) | 0x80]);
-        value >>= 7;
-    }
-    out.extend_from_slice(&[value as u8]);
 }
 
 #[cfg(test)]
@@ -297,24 +266,18 @@ mod tests {
         first.extend_from_slice(&[0x44, 5]);
         first.extend_from_slice(b"/a/bc");
         let big = vec![b'x'; 40_000];
-        let mut second = vec![0x83, 0x86, 0xbf, 0xbe, 0x40, 3];
-        second.extend_from_slice(b"x-b");
-        let mut len = BytesMut::new();
-        integer(&mut len, big.len(), 7);
-        second.extend_from_slice(&len);
-        second.extend_from_slice(&big);
+        let mut second = vec![0x83, 0x86, 0xbf, 0xbe];
+        // A literal with incremental indexing (0x40): too large for the
+        // table, it empties it.
+        let mut indexed = BytesMut::new();
+        frame::literal(&mut indexed, b"x-b", &big);
+        indexed[0] = 0x40;
+        second.extend_from_slice(&indexed);
         let mut input = frame::PREFACE.to_vec();
         let mut put = |kind, flags, stream, payload: &[u8]| {
             let mut b = BytesMut::new();
-            Head {
-                len: payload.len(),
-                kind,
-                flags,
-                stream,
-            }
-            .encode(&mut b);
+            frame::put(&mut b, kind, flags, stream, payload);
             input.extend_from_slice(&b);
-            input.extend_from_slice(payload);
         };
         put(frame::SETTINGS, 0, 0, &[]);
         put(frame::HEADERS, frame::END_HEADERS, 1, &first);

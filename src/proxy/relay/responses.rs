@@ -431,7 +431,7 @@ fn send_some(
             false => 0,
         };
         if n > 0 || flags != 0 {
-            out.own(|out| super::put_frame(out, frame::DATA, flags, id, &piece));
+            out.own(|out| frame::put(out, frame::DATA, flags, id, &piece));
             flow.spend(n, window.as_deref_mut());
             sent += n;
         }

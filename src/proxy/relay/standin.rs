@@ -20,8 +20,8 @@ use tokio::net::UnixStream;
 use tokio::sync::watch;
 use tracing::debug;
 
+use super::RelayError;
 use super::codec::{Block, Blocks};
-use super::{RelayError, put_frame};
 use crate::cri::Method;
 use crate::metrics::Metrics;
 use crate::proxy::Endpoint;
@@ -245,7 +245,7 @@ impl Standin {
                     }
                     .into());
                 }
-                put_frame(&mut self.to_client, frame::PING, frame::ACK, 0, payload);
+                frame::put(&mut self.to_client, frame::PING, frame::ACK, 0, payload);
             }
             frame::DATA => {
                 // Nothing reads it: the client gets its connection window
