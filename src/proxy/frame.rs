@@ -150,6 +150,27 @@ pub(super) fn window_update(stream: u32, increment: u32, out: &mut BytesMut) {
     out.put_u32(increment);
 }
 
+/// Whether `buf` starts with the client's whole connection preface
+/// (`Some(true)`), with the start of it (`Some(false)`), or with something
+/// else (`None`).
+pub(super) fn preface(buf: &[u8]) -> Option<bool> {
+    let n = buf.len().min(PREFACE.len());
+    (buf[..n] == PREFACE[..n]).then_some(n == PREFACE.len())
+}
+
+/// The whole frame at the front of `buf` (its head, and all its bytes),
+/// `None` until it has all arrived; `Err` with the length of a frame longer
+/// than `limit`.
+pub(super) fn next(buf: &[u8], limit: usize) -> Result<Option<(Head, &[u8])>, usize> {
+    let Some(head) = Head::parse(buf) else {
+        return Ok(None);
+    };
+    if head.len > limit {
+        return Err(head.len);
+    }
+    Ok(buf.get(..HEAD_LEN + head.len).map(|frame| (head, frame)))
+}
+
 /// A frame of `kind` carrying `payload`.
 pub(super) fn put(out: &mut BytesMut, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
     Head {

@@ -116,26 +116,20 @@ impl Transcoder {
 
     fn frames(&mut self, rest: &mut &[u8], out: &mut BytesMut) -> Result<(), TranscodeError> {
         if !self.preface_seen {
-            let n = rest.len().min(frame::PREFACE.len());
-            if rest[..n] != frame::PREFACE[..n] {
-                return Err(TranscodeError::Preface);
-            }
-            if n < frame::PREFACE.len() {
-                return Ok(());
+            match frame::preface(rest) {
+                None => return Err(TranscodeError::Preface),
+                Some(false) => return Ok(()),
+                Some(true) => {}
             }
             out.extend_from_slice(frame::PREFACE);
-            *rest = &rest[n..];
+            *rest = &rest[frame::PREFACE.len()..];
             self.preface_seen = true;
         }
-        while let Some(head) = Head::parse(rest) {
-            if head.len > frame::MAX_FRAME_LIMIT {
-                return Err(TranscodeError::FrameTooLarge(head.len));
-            }
-            let Some(whole) = rest.get(..HEAD_LEN + head.len) else {
-                break;
-            };
+        while let Some((head, whole)) =
+            frame::next(rest, frame::MAX_FRAME_LIMIT).map_err(TranscodeError::FrameTooLarge)?
+        {
             self.frame(head, whole, out)?;
-            *rest = &rest[HEAD_LEN + head.len..];
+            *rest = &rest[whole.len()..];
         }
         Ok(())
     }

@@ -22,30 +22,22 @@ impl State {
 
     fn client_frames_in(&mut self, inbox: &mut Inbox) -> Result<(), RelayError> {
         if !self.ends.preface_seen {
-            let n = inbox.len().min(frame::PREFACE.len());
-            if inbox.data()[..n] != frame::PREFACE[..n] {
-                return Err(RelayError::Preface);
-            }
-            if n < frame::PREFACE.len() {
-                return Ok(());
+            match frame::preface(inbox.data()) {
+                None => return Err(RelayError::Preface),
+                Some(false) => return Ok(()),
+                Some(true) => {}
             }
             self.to_upstream
                 .own(|out| out.extend_from_slice(frame::PREFACE));
-            inbox.consume(n);
+            inbox.consume(frame::PREFACE.len());
             self.ends.preface_seen = true;
         }
-        while let Some(head) = Head::parse(inbox.data()) {
-            if head.len > self.upstream_max_frame {
-                return Err(RelayError::FrameTooLarge {
-                    len: head.len,
-                    limit: self.upstream_max_frame,
-                });
-            }
-            let Some(frame) = inbox.data().get(..HEAD_LEN + head.len) else {
-                break;
-            };
+        let limit = self.upstream_max_frame;
+        while let Some((head, frame)) = frame::next(inbox.data(), limit)
+            .map_err(|len| RelayError::FrameTooLarge { len, limit })?
+        {
             self.client_frame(head, frame)?;
-            inbox.consume(HEAD_LEN + head.len);
+            inbox.consume(frame.len());
         }
         Ok(())
     }

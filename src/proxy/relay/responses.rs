@@ -35,18 +35,11 @@ impl State {
         // The client's limit; a runtime frame above it would be an error
         // at the client anyway, and this bounds what the relay buffers.
         let limit = self.client_max_frame.max(frame::DEFAULT_MAX_FRAME);
-        while let Some(head) = Head::parse(inbox.data()) {
-            if head.len > limit {
-                return Err(RelayError::FrameTooLarge {
-                    len: head.len,
-                    limit,
-                });
-            }
-            let Some(frame) = inbox.data().get(..HEAD_LEN + head.len) else {
-                break;
-            };
+        while let Some((head, frame)) = frame::next(inbox.data(), limit)
+            .map_err(|len| RelayError::FrameTooLarge { len, limit })?
+        {
             self.upstream_frame(head, frame)?;
-            inbox.consume(HEAD_LEN + head.len);
+            inbox.consume(frame.len());
         }
         Ok(())
     }

@@ -186,14 +186,12 @@ impl Standin {
 
     fn frames(&mut self) -> Result<(), RelayError> {
         if !self.preface_seen {
-            let n = self.from_client.len().min(frame::PREFACE.len());
-            if self.from_client.data()[..n] != frame::PREFACE[..n] {
-                return Err(RelayError::Preface);
+            match frame::preface(self.from_client.data()) {
+                None => return Err(RelayError::Preface),
+                Some(false) => return Ok(()),
+                Some(true) => {}
             }
-            if n < frame::PREFACE.len() {
-                return Ok(());
-            }
-            self.from_client.consume(n);
+            self.from_client.consume(frame::PREFACE.len());
             self.preface_seen = true;
         }
         let mut inbox = std::mem::take(&mut self.from_client);
@@ -203,18 +201,13 @@ impl Standin {
     }
 
     fn frames_in(&mut self, inbox: &mut Inbox) -> Result<(), RelayError> {
-        while let Some(head) = Head::parse(inbox.data()) {
-            if head.len > frame::DEFAULT_MAX_FRAME {
-                return Err(RelayError::FrameTooLarge {
-                    len: head.len,
-                    limit: frame::DEFAULT_MAX_FRAME,
-                });
-            }
-            let Some(whole) = inbox.data().get(..HEAD_LEN + head.len) else {
-                break;
-            };
+        // The stand-in's SETTINGS leave SETTINGS_MAX_FRAME_SIZE at its default.
+        let limit = frame::DEFAULT_MAX_FRAME;
+        while let Some((head, whole)) = frame::next(inbox.data(), limit)
+            .map_err(|len| RelayError::FrameTooLarge { len, limit })?
+        {
             self.frame(head, &whole[HEAD_LEN..])?;
-            inbox.consume(HEAD_LEN + head.len);
+            inbox.consume(whole.len());
         }
         Ok(())
     }
