@@ -110,6 +110,14 @@ impl Cluster {
         }
     }
 
+    /// The first Event in the namespace with `reason`.
+    fn event(&self, reason: &str) -> Option<Value> {
+        self.api
+            .list(Resource::Event, Some(NAMESPACE), &Default::default())
+            .into_iter()
+            .find(|e| e["reason"] == reason)
+    }
+
     /// Creates a CRR through the API (and so through the webhook).
     fn create(
         &self,
@@ -291,13 +299,7 @@ async fn e2e_1a_simple_container_with_min_started_seconds_and_ttl(mode: Mode) {
     .await
     .expect("deleted by ttlSecondsAfterFinished");
     // Events on the Pod, from crr-proxy.
-    let events = cluster
-        .api
-        .list(Resource::Event, Some(NAMESPACE), &Default::default());
-    let killing = events
-        .iter()
-        .find(|e| e["reason"] == "Killing")
-        .expect("a Killing event");
+    let killing = cluster.event("Killing").expect("a Killing event");
     assert_eq!(
         killing["note"],
         "Stopping container app by ContainerRecreateRequest crr-1a"
@@ -877,11 +879,7 @@ async fn a_failed_hook_with_long_output_is_recorded_cut_to_size(mode: Mode) {
     let pod = cluster.kubelet.wait_ready("podnoisy").await;
     assert_recreated(&done, &pod, &["app"]);
     let event = wait_for(Duration::from_secs(5), || {
-        cluster
-            .api
-            .list(Resource::Event, Some(NAMESPACE), &Default::default())
-            .into_iter()
-            .find(|e| e["reason"] == "FailedPreStopHook")
+        cluster.event("FailedPreStopHook")
     })
     .await
     .expect("a FailedPreStopHook Event");
@@ -981,14 +979,7 @@ async fn event_write_refused_with(mode: Mode, code: u16) {
         .completed("crr-throttled", Duration::from_secs(30))
         .await;
     assert_eq!(states(&done)[0]["phase"], "Succeeded", "{done}");
-    let killing = wait_for(Duration::from_secs(10), || {
-        cluster
-            .api
-            .list(Resource::Event, Some(NAMESPACE), &Default::default())
-            .into_iter()
-            .find(|e| e["reason"] == "Killing")
-    })
-    .await;
+    let killing = wait_for(Duration::from_secs(10), || cluster.event("Killing")).await;
     assert!(
         killing.is_some(),
         "the Killing Event was lost to the {code}s"

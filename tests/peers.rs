@@ -45,8 +45,12 @@ fn peer_command(name: &str) -> Command {
     command
 }
 
-/// Runs one h2_peer scenario to its end; its JSON figures on success.
-async fn h2_peer(args: Vec<String>) -> Result<Value, String> {
+/// Runs h2_peer's `scenario` against the proxy at `socket` to its end; its
+/// JSON figures on success.
+async fn h2_peer(scenario: &str, socket: &Path, extra: &[&str]) -> Result<Value, String> {
+    let mut args = vec![scenario.to_owned(), "--socket".into()];
+    args.push(socket.display().to_string());
+    args.extend(extra.iter().map(|s| s.to_string()));
     tokio::task::spawn_blocking(move || {
         let out = peer_command("h2_peer.py").args(&args).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr).trim().to_owned();
@@ -57,10 +61,6 @@ async fn h2_peer(args: Vec<String>) -> Result<Value, String> {
     })
     .await
     .unwrap()
-}
-
-fn args(list: &[&str]) -> Vec<String> {
-    list.iter().map(|s| s.to_string()).collect()
 }
 
 /// A grpcio channel in a Python process, one call per line.
@@ -208,19 +208,9 @@ async fn proxy_with_an_exited_recreated_container(ctrd: &Containerd) -> (ProxyUn
 async fn an_edited_answer_waiting_for_its_window_delays_only_its_own_stream() {
     let ctrd = Containerd::start().unwrap();
     let (proxy, id) = proxy_with_an_exited_recreated_container(&ctrd).await;
-    let socket = proxy.socket.display().to_string();
     for release in ["settings", "rst"] {
-        let figures = h2_peer(args(&[
-            "held-stream",
-            "--socket",
-            &socket,
-            "--container-id",
-            &id,
-            "--release",
-            release,
-        ]))
-        .await
-        .unwrap();
+        let extra = ["--container-id", &id, "--release", release];
+        let figures = h2_peer("held-stream", &proxy.socket, &extra).await.unwrap();
         assert!(figures["version_ms"].as_f64().is_some(), "{figures}");
         assert!(figures["ping_ms"].as_f64().is_some(), "{figures}");
     }
@@ -233,16 +223,9 @@ async fn an_edited_answer_waiting_for_its_window_delays_only_its_own_stream() {
 async fn nothing_enters_a_client_header_block_on_its_way_to_containerd() {
     let ctrd = Containerd::start().unwrap();
     let (proxy, id) = proxy_with_an_exited_recreated_container(&ctrd).await;
-    let socket = proxy.socket.display().to_string();
-    let figures = h2_peer(args(&[
-        "block-open",
-        "--socket",
-        &socket,
-        "--container-id",
-        &id,
-    ]))
-    .await
-    .unwrap();
+    let figures = h2_peer("block-open", &proxy.socket, &["--container-id", &id])
+        .await
+        .unwrap();
     assert_eq!(figures["rounds"].as_array().unwrap().len(), 5, "{figures}");
 }
 
@@ -254,14 +237,10 @@ async fn nothing_enters_a_client_header_block_on_its_way_to_containerd() {
 async fn an_hpack_reference_flood_stalls_no_one() {
     let ctrd = Containerd::start().unwrap();
     let proxy = ProxyUnderTest::to(ctrd.endpoint());
-    let socket = proxy.socket.display().to_string();
-    let flood = tokio::spawn(h2_peer(args(&[
-        "hpack-flood",
-        "--socket",
-        &socket,
-        "--repeat",
-        "3",
-    ])));
+    let flood = tokio::spawn({
+        let socket = proxy.socket.clone();
+        async move { h2_peer("hpack-flood", &socket, &["--repeat", "3"]).await }
+    });
     let mut cri = proxy.client();
     let mut slowest = Duration::ZERO;
     while !flood.is_finished() {
@@ -299,15 +278,13 @@ async fn goaway_last_stream_ids_never_rise() {
     let _server = ScriptedRuntime::start(&runtime, &["--goaway-after-first"]);
     let proxy = ProxyUnderTest::to(Endpoint::from_path(&runtime));
     let ready = runtime.with_extension("ready");
-    let peer = tokio::spawn(h2_peer(args(&[
-        "goaway-order",
-        "--socket",
-        &proxy.socket.display().to_string(),
-        "--listen-seconds",
-        "3",
-        "--ready-file",
-        &ready.display().to_string(),
-    ])));
+    let peer = tokio::spawn({
+        let (socket, ready) = (proxy.socket.clone(), ready.display().to_string());
+        async move {
+            let extra = ["--listen-seconds", "3", "--ready-file", &ready];
+            h2_peer("goaway-order", &socket, &extra).await
+        }
+    });
     tokio::task::block_in_place(|| support::wait_for_path(&ready));
     proxy.stop().await;
     let figures = peer.await.unwrap().unwrap();
@@ -328,13 +305,7 @@ async fn goaway_last_stream_ids_never_rise() {
 async fn a_big_header_block_gets_containerds_answer() {
     let ctrd = Containerd::start().unwrap();
     let proxy = ProxyUnderTest::to(ctrd.endpoint());
-    let figures = h2_peer(args(&[
-        "big-metadata",
-        "--socket",
-        &proxy.socket.display().to_string(),
-    ]))
-    .await
-    .unwrap();
+    let figures = h2_peer("big-metadata", &proxy.socket, &[]).await.unwrap();
     assert_eq!(figures["answered_by"], "trailers", "{figures}");
 }
 
@@ -346,13 +317,9 @@ async fn a_protocol_error_ends_with_the_queued_answers_and_a_goaway() {
     let runtime = support::temp_socket("scripted-runtime");
     let _server = ScriptedRuntime::start(&runtime, &["--answer-bytes", "4000000"]);
     let proxy = ProxyUnderTest::to(Endpoint::from_path(&runtime));
-    let figures = h2_peer(args(&[
-        "error-after-queued",
-        "--socket",
-        &proxy.socket.display().to_string(),
-    ]))
-    .await
-    .unwrap();
+    let figures = h2_peer("error-after-queued", &proxy.socket, &[])
+        .await
+        .unwrap();
     assert!(figures["data_bytes"].as_u64().unwrap() > 0, "{figures}");
     assert_eq!(
         figures["last_goaway"]["error"], "PROTOCOL_ERROR",
