@@ -42,6 +42,7 @@ use crate::crr::{
 use crate::kill::{self, HookResult, KillRequest, Killer};
 use crate::metrics::{CrrOutcome, Metrics};
 use crate::reason::Recreated;
+use crate::records::Records;
 use backoff::WatchBackoff;
 use queue::{Next, Queue};
 
@@ -78,6 +79,9 @@ pub struct AgentConfig {
     pub mode: Mode,
     /// Where the containers stopped for CRRs are recorded (`reason`).
     pub recreated: Arc<Recreated>,
+    /// Which container's kill began for which CRR (by uid), so that its
+    /// preStop hook runs at most once across restarts and crashes.
+    pub kills: Arc<Records>,
     pub metrics: Arc<Metrics>,
 }
 
@@ -111,6 +115,7 @@ struct Agent {
     /// Standalone mode's extra watches.
     standalone: Option<standalone::Parts>,
     recreated: Arc<Recreated>,
+    kills: Arc<Records>,
     metrics: Arc<Metrics>,
     /// When the agent first saw each CRR (by uid), for seen-to-stopped.
     first_seen: Mutex<HashMap<String, Instant>>,
@@ -133,6 +138,22 @@ pub async fn kube_config(settings: &AgentSettings) -> Result<kube::Config, Agent
     }
 }
 
+/// The agent's thread, as the daemon sees it.
+pub struct AgentHandle {
+    stop: watch::Sender<bool>,
+    stopped: tokio::sync::oneshot::Receiver<()>,
+}
+
+impl AgentHandle {
+    /// Stops the agent: no new work starts, and this returns once the work
+    /// in flight (a kill with its preStop hook, and its status write) is
+    /// over. The caller bounds the wait.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.stopped.await;
+    }
+}
+
 /// Loads the Kubernetes client configuration (a bad kubeconfig fails here,
 /// at start-up) and runs the agent on a thread and runtime of its own.
 /// Reaching the API server is the agent's business alone: the proxy starts
@@ -143,11 +164,18 @@ pub async fn spawn(
     synced: watch::Sender<bool>,
     recreated: Arc<Recreated>,
     metrics: Arc<Metrics>,
-) -> Result<(), AgentError> {
+) -> Result<AgentHandle, AgentError> {
     let config = kube_config(settings).await?;
+    let kills = Records::open(&settings.kills_file).unwrap_or_else(|error| {
+        warn!(%error, "a preStop hook cut short by a restart will run again");
+        Records::in_memory()
+    });
+    let kills = Arc::new(kills);
     let node_name = settings.node_name.clone();
     let mode = settings.mode;
     let endpoint = runtime.clone();
+    let (stop, mut stopping) = watch::channel(false);
+    let (stopped, stopped_rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
         .name("crr-agent".into())
         .spawn(move || {
@@ -180,13 +208,21 @@ pub async fn spawn(
                     node_name,
                     mode,
                     recreated,
+                    kills,
                     metrics,
                 };
-                run(config, synced, std::future::pending()).await;
+                let shutdown = async move {
+                    let _ = stopping.wait_for(|stop| *stop).await;
+                };
+                run(config, synced, shutdown).await;
+                let _ = stopped.send(());
             });
         })
         .map_err(AgentError::Thread)?;
-    Ok(())
+    Ok(AgentHandle {
+        stop,
+        stopped: stopped_rx,
+    })
 }
 
 /// Runs the agent until `shutdown` resolves. `synced` turns true once
@@ -203,6 +239,7 @@ pub async fn run(
         node_name,
         mode,
         recreated,
+        kills,
         metrics,
     } = config;
     let selector = format!("{}={node_name},{}=true", labels::NODE_NAME, labels::ACTIVE);
@@ -235,12 +272,14 @@ pub async fn run(
         runtime_name: tokio::sync::OnceCell::new(),
         standalone,
         recreated,
+        kills,
         metrics,
         first_seen: Mutex::new(HashMap::new()),
     });
     info!(node = %node_name, %selector, ?mode, "watching ContainerRecreateRequests");
     let gate = Arc::new(SyncGate::new(if streams.is_some() { 4 } else { 1 }, synced));
-    let dispatcher = tokio::spawn(Arc::clone(&agent).dispatch(Arc::clone(&gate)));
+    let (stop, stopping) = watch::channel(false);
+    let dispatcher = tokio::spawn(Arc::clone(&agent).dispatch(Arc::clone(&gate), stopping));
     let mut followers = vec![tokio::spawn(follow(
         active,
         "active CRRs",
@@ -251,11 +290,13 @@ pub async fn run(
         followers.extend(streams.spawn(&agent, &gate));
     }
     shutdown.await;
-    info!("agent stopping");
-    dispatcher.abort();
+    info!("agent stopping: no new work; waiting for the work in flight");
+    let _ = stop.send(true);
+    let _ = dispatcher.await;
     for follower in followers {
         follower.abort();
     }
+    info!("agent stopped");
 }
 
 /// Turns true once every watch has synced once.
@@ -426,13 +467,22 @@ impl Agent {
     /// Runs the syncs of due Pods, once every watch has listed: a sync
     /// reads several stores, and one not yet listed would make a Pod or a
     /// CRR look absent.
-    async fn dispatch(self: Arc<Self>, gate: Arc<SyncGate>) {
-        gate.wait().await;
+    /// Once `stop` turns true, it starts nothing more and returns when the
+    /// syncs under way are over: a kill is not abandoned half-way.
+    async fn dispatch(self: Arc<Self>, gate: Arc<SyncGate>, mut stop: watch::Receiver<bool>) {
         let workers = Arc::new(Semaphore::new(WORKERS));
+        tokio::select! {
+            () = gate.wait() => {}
+            _ = stop.wait_for(|stop| *stop) => return,
+        }
         loop {
             let (ready, next) = self.queue.take_due();
             for key in ready {
-                let Ok(permit) = Arc::clone(&workers).acquire_owned().await else {
+                let permit = tokio::select! {
+                    permit = Arc::clone(&workers).acquire_owned() => permit,
+                    _ = stop.wait_for(|stop| *stop) => break,
+                };
+                let Ok(permit) = permit else {
                     return;
                 };
                 let agent = Arc::clone(&self);
@@ -452,8 +502,12 @@ impl Agent {
                     .instrument(span),
                 );
             }
-            self.queue.wait(next).await;
+            tokio::select! {
+                () = self.queue.wait(next) => {}
+                _ = stop.wait_for(|stop| *stop) => break,
+            }
         }
+        let _ = workers.acquire_many(WORKERS as u32).await;
     }
 
     /// One pass over the CRRs of one Pod: in standalone mode the manager's
@@ -661,7 +715,18 @@ impl Agent {
                 .as_deref()
                 .and_then(|id| id.split_once("://").map(|(_, id)| id.to_owned()))
                 .ok_or_else(|| format!("no runtime container for {name}"))?;
+            // A kill that began before a restart (its hook perhaps cut short)
+            // goes straight to StopContainer: the hook runs at most once.
+            let resumed = crr_uid
+                .as_deref()
+                .is_some_and(|uid| self.kills.get(&id).as_deref() == Some(uid));
+            if let (false, Some(uid)) = (resumed, crr_uid.as_deref()) {
+                if let Err(error) = self.kills.insert(&id, uid) {
+                    warn!(%error, "a restart during this kill would run its preStop hook again");
+                }
+            }
             let request = KillRequest {
+                skip_pre_stop: resumed,
                 grace_period,
                 // The webhook's copy of the Pod's preStop; without one, the
                 // container's own annotation (which may hold `sleep`). The

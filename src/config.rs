@@ -103,8 +103,9 @@ pub struct RunArgs {
     #[arg(long, env = "CRR_PROXY_REASON_REWRITE", default_value_t = true, action = clap::ArgAction::Set)]
     pub reason_rewrite: bool,
 
-    /// Where crr-proxy keeps what must survive a restart (the containers it
-    /// stopped, for the reason rewrite).
+    /// Where crr-proxy keeps what must survive a restart: the containers it
+    /// stopped (for the reason rewrite) and those whose kill began (so that
+    /// a preStop hook runs at most once).
     #[arg(
         long,
         env = "CRR_PROXY_STATE_DIR",
@@ -172,6 +173,9 @@ pub struct AgentSettings {
     /// `None`: `$KUBECONFIG` or `~/.kube/config`, else the in-cluster service account.
     pub kubeconfig: Option<PathBuf>,
     pub mode: crate::agent::Mode,
+    /// The file of containers whose kill began (their preStop runs at most
+    /// once, across restarts).
+    pub kills_file: PathBuf,
 }
 
 // === impl RunArgs ===
@@ -196,6 +200,7 @@ impl RunArgs {
                     } else {
                         crate::agent::Mode::Standalone
                     },
+                    kills_file: self.state_dir.join("kills"),
                 })
             }
         };

@@ -43,6 +43,9 @@ pub struct KillRequest {
     pub ports: Option<Vec<ContainerPort>>,
     /// The `Killing` message; `Stopping container <name>` when unset.
     pub message: Option<String>,
+    /// The preStop hook already began once (before crr-proxy restarted):
+    /// straight to StopContainer, with the whole grace period.
+    pub skip_pre_stop: bool,
 }
 
 /// Where the grace period came from.
@@ -223,7 +226,14 @@ impl Killer {
             .unwrap_or_else(|| format!("Stopping container {}", target.name));
         info!(container = id, name = %target.name, pod = %target.pod_display(), grace, "killing container");
 
-        let hook = match request.pre_stop.as_ref().or(target.pre_stop.as_ref()) {
+        let handler = request.pre_stop.as_ref().or(target.pre_stop.as_ref());
+        if handler.is_some() && request.skip_pre_stop {
+            info!(
+                container = id,
+                "its preStop hook began before a restart; stopping without it"
+            );
+        }
+        let hook = match handler.filter(|_| !request.skip_pre_stop) {
             Some(handler) if grace > 0 => {
                 Some(self.pre_stop(handler, &target, &request, grace).await)
             }

@@ -12,6 +12,8 @@
 //! - [`telemetry`]: logging setup.
 //! - [`notify`]: systemd's readiness notification.
 //! - [`metrics`]: Prometheus metrics of the data path.
+//! - [`reason`]: why a container restarted, as kubelet is told.
+//! - [`records`]: small key-value records that outlive crr-proxy.
 
 pub mod admin;
 pub mod agent;
@@ -26,6 +28,7 @@ pub mod metrics;
 pub mod notify;
 pub mod proxy;
 pub mod reason;
+pub mod records;
 pub mod telemetry;
 
 use std::future::Future;
@@ -62,10 +65,13 @@ pub async fn run(
     };
     let recreated = Arc::new(recreated);
     let metrics = Arc::new(metrics::Metrics::default());
-    if let Some(settings) = &config.agent {
-        let (recorded, counted) = (Arc::clone(&recreated), Arc::clone(&metrics));
-        agent::spawn(settings, &config.routes.runtime, synced, recorded, counted).await?;
-    }
+    let agent = match &config.agent {
+        Some(settings) => {
+            let (recorded, counted) = (Arc::clone(&recreated), Arc::clone(&metrics));
+            Some(agent::spawn(settings, &config.routes.runtime, synced, recorded, counted).await?)
+        }
+        None => None,
+    };
     if let Some(addr) = config.metrics_addr {
         let runtime = config.routes.runtime.clone();
         if let Err(error) = admin::serve(addr, ready, Arc::clone(&metrics), runtime).await {
@@ -82,14 +88,29 @@ pub async fn run(
     if let Err(error) = notify::notify("READY=1") {
         tracing::warn!(%error, "could not notify systemd");
     }
+    // On shutdown the agent stops taking work and finishes the kills under
+    // way while the proxy drains its calls, both within the drain bound;
+    // a kill cut short there is taken up by the next start (without its
+    // preStop hook again).
+    let (stopping, stopped) = tokio::sync::oneshot::channel();
     let shutdown = async {
         shutdown.await;
         let _ = notify::notify("STOPPING=1");
+        if let Some(agent) = agent {
+            let since = tokio::time::Instant::now();
+            let _ = stopping.send((since, tokio::spawn(agent.stop())));
+        }
     };
     let mut proxy = Proxy::new(config.routes).with_metrics(metrics);
     if config.recreated_file.is_some() {
         proxy = proxy.with_reasons(recreated);
     }
     proxy.serve(listener, shutdown).await;
+    if let Ok((since, agent)) = stopped.await {
+        let left = proxy::DRAIN_TIMEOUT.saturating_sub(since.elapsed());
+        if tokio::time::timeout(left, agent).await.is_err() {
+            tracing::warn!("a kill in flight did not finish in time");
+        }
+    }
     Ok(())
 }

@@ -49,6 +49,10 @@ pub use listener::{ListenError, Listener};
 use relay::Relay;
 use upstream::Upstream;
 
+/// How long in-flight calls may run after shutdown is requested (within
+/// systemd's `TimeoutStopSec=15`).
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Where each call goes.
 #[derive(Clone, Debug)]
 pub struct Routes {
@@ -92,7 +96,7 @@ impl Proxy {
             metrics: Arc::default(),
             recreated: None,
             server,
-            drain_timeout: Duration::from_secs(10),
+            drain_timeout: DRAIN_TIMEOUT,
         }
     }
 

@@ -60,6 +60,7 @@ impl Cluster {
             node_name: NODE.into(),
             mode: self.mode,
             recreated: Arc::clone(&self.recreated),
+            kills: Arc::new(crr_proxy::records::Records::in_memory()),
             metrics: Arc::clone(&self.metrics),
         };
         self.agent = Some(tokio::spawn(agent::run(

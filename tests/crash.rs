@@ -1,5 +1,6 @@
-//! crr-proxy killed with SIGKILL in the middle of a CRR: after the
-//! container was stopped, before the status write that records the kill.
+//! crr-proxy stopped in the middle of a CRR: killed (SIGKILL) after the
+//! container was stopped but before the status write that records the kill,
+//! or during the preStop hook; or asked to stop (SIGTERM) during the hook.
 //! The next crr-proxy completes the CRR without stopping the container or
 //! running its hook a second time. Runs the crr-proxy binary against a real
 //! containerd, the fake API server (under deploy/node-policy.yaml) and the
@@ -62,46 +63,134 @@ fn records_a_kill(method: &http::Method, path: &str, body: &Value) -> bool {
             .is_some_and(|states| states.iter().any(|s| s["isKilled"] == true))
 }
 
-async fn killed_between_the_stop_and_its_record(mode: &str) {
-    support::init_logging();
-    let ctrd = tokio::task::spawn_blocking(Containerd::start)
+/// A node of one Pod (`web-0`, its container `app` with a preStop hook
+/// running `hook` after it leaves a line in `hooks`), the fake API server,
+/// the kubelet role and, in kruise mode, the kruise-manager role.
+struct Node {
+    mode: &'static str,
+    ctrd: Containerd,
+    api: FakeApiServer,
+    listen: std::path::PathBuf,
+    kubeconfig: std::path::PathBuf,
+    kubelet: Option<Kubelet>,
+    _manager: Option<KruiseManager>,
+    /// One line per run of the hook.
+    hooks: std::path::PathBuf,
+}
+
+impl Node {
+    async fn new(mode: &'static str, hook: &str) -> Self {
+        support::init_logging();
+        let ctrd = tokio::task::spawn_blocking(Containerd::start)
+            .await
+            .unwrap()
+            .unwrap();
+        let api = FakeApiServer::start_for_node(NODE, "node-a-token").await;
+        let listen = support::temp_socket("crash");
+        let kubeconfig = listen.with_file_name("kubeconfig");
+        support::write_kubeconfig_as(&kubeconfig, &api.url, Some("node-a-token"));
+        let cri = support::client(&ctrd.endpoint());
+        let kubelet = Kubelet::start(&api, cri, NODE, ctrd.scratch("logs")).await;
+        let manager = (mode == "kruise").then(|| KruiseManager::start(&api));
+        let shared = ctrd.scratch("shared");
+        std::fs::create_dir_all(&shared).unwrap();
+        let mut app = ContainerSpec::graceful("app");
+        let command = format!("echo run >> /shared/hooks; {hook}");
+        app.pre_stop = Some(json!({"exec": {"command": ["sh", "-c", command]}}));
+        app.shared = Some(shared.clone());
+        kubelet.run_pod(PodSpec::new("web-0", vec![app])).await;
+        Self {
+            mode,
+            ctrd,
+            api,
+            listen,
+            kubeconfig,
+            kubelet: Some(kubelet),
+            _manager: manager,
+            hooks: shared.join("hooks"),
+        }
+    }
+
+    fn crr_proxy(&self, log: &str) -> Proxy {
+        let log = self.listen.with_file_name(log);
+        crr_proxy(self.mode, &self.listen, &self.ctrd, &self.kubeconfig, &log)
+    }
+
+    fn create_crr(&self) {
+        self.api
+            .create(
+                Resource::Crr,
+                NAMESPACE,
+                json!({"metadata": {"name": "restart-app"}, "spec": {"podName": "web-0", "containers": [{"name": "app"}]}}),
+            )
+            .unwrap();
+    }
+
+    fn hooks(&self) -> String {
+        std::fs::read_to_string(&self.hooks).unwrap_or_default()
+    }
+
+    async fn hook_began(&self) {
+        wait_for(Duration::from_secs(30), || {
+            (self.hooks() == "run\n").then_some(())
+        })
         .await
-        .unwrap()
-        .unwrap();
-    let api = FakeApiServer::start_for_node(NODE, "node-a-token").await;
-    let listen = support::temp_socket("crash");
-    let kubeconfig = listen.with_file_name("kubeconfig");
-    support::write_kubeconfig_as(&kubeconfig, &api.url, Some("node-a-token"));
-    let cri = support::client(&ctrd.endpoint());
-    let kubelet = Kubelet::start(&api, cri, NODE, ctrd.scratch("logs")).await;
-    let _manager = (mode == "kruise").then(|| KruiseManager::start(&api));
+        .expect("the preStop hook began");
+    }
 
-    // The hook leaves one line per run in a host directory.
-    let shared = ctrd.scratch("shared");
-    std::fs::create_dir_all(&shared).unwrap();
-    let mut app = ContainerSpec::graceful("app");
-    app.pre_stop = Some(json!({"exec": {"command": ["sh", "-c", "echo run >> /shared/hooks"]}}));
-    app.shared = Some(shared.clone());
-    kubelet.run_pod(PodSpec::new("web-0", vec![app])).await;
+    async fn completed(&self) -> Value {
+        wait_for(Duration::from_secs(30), || {
+            self.api
+                .get(Resource::Crr, NAMESPACE, "restart-app")
+                .filter(|c| c["status"]["phase"] == "Completed")
+        })
+        .await
+        .expect("the CRR completed after the restart")
+    }
 
-    let hit = api.stall_writes(Arc::new(records_a_kill));
-    let first_log = listen.with_file_name("first.log");
-    let mut first = crr_proxy(mode, &listen, &ctrd, &kubeconfig, &first_log);
-    api.create(
-        Resource::Crr,
-        NAMESPACE,
-        json!({"metadata": {"name": "restart-app"}, "spec": {"podName": "web-0", "containers": [{"name": "app"}]}}),
-    )
-    .unwrap();
+    /// The app's restarts, as the kubelet role reports them.
+    async fn restart_count(&self) -> Value {
+        // Give a second kill every chance to show before counting.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let pod = self.api.get(Resource::Pod, NAMESPACE, "web-0").unwrap();
+        pod["status"]["containerStatuses"][0]["restartCount"].clone()
+    }
+
+    /// The app's container ID now.
+    fn app_id(&self) -> String {
+        let pod = self.api.get(Resource::Pod, NAMESPACE, "web-0").unwrap();
+        pod["status"]["containerStatuses"][0]["containerID"]
+            .as_str()
+            .unwrap()
+            .trim_start_matches("containerd://")
+            .to_owned()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        drop(self.kubelet.take());
+        support::remove_socket_dir(&self.listen);
+    }
+}
+
+fn stop(proxy: &mut Proxy, signal: Signal) -> std::process::ExitStatus {
+    kill(Pid::from_raw(proxy.0.id() as i32), signal).unwrap();
+    proxy.0.wait().unwrap()
+}
+
+async fn killed_between_the_stop_and_its_record(mode: &'static str) {
+    let node = Node::new(mode, "true").await;
+    let hit = node.api.stall_writes(Arc::new(records_a_kill));
+    let mut first = node.crr_proxy("first.log");
+    node.create_crr();
     tokio::time::timeout(Duration::from_secs(30), hit.notified())
         .await
         .expect("crr-proxy stopped the container and went to record it");
-    kill(Pid::from_raw(first.0.id() as i32), Signal::SIGKILL).unwrap();
-    first.0.wait().unwrap();
-    let hooks = std::fs::read_to_string(shared.join("hooks")).unwrap();
-    assert_eq!(hooks, "run\n", "the hook ran once before the crash");
+    stop(&mut first, Signal::SIGKILL);
+    assert_eq!(node.hooks(), "run\n", "the hook ran once before the crash");
     // Its logs of the kill are in the CRR's span: namespace, name, Pod.
-    let logs = std::fs::read_to_string(&first_log).unwrap();
+    let logs = std::fs::read_to_string(node.listen.with_file_name("first.log")).unwrap();
     let killed: Value = logs
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
@@ -112,24 +201,16 @@ async fn killed_between_the_stop_and_its_record(mode: &str) {
     assert_eq!(span["namespace"], NAMESPACE, "{killed}");
     assert_eq!(span["crr"], "restart-app", "{killed}");
     assert_eq!(span["pod"], "web-0", "{killed}");
-    let crr = api.get(Resource::Crr, NAMESPACE, "restart-app").unwrap();
+    let crr = node
+        .api
+        .get(Resource::Crr, NAMESPACE, "restart-app")
+        .unwrap();
     assert_ne!(crr["status"]["phase"], "Completed");
 
     // A new crr-proxy (systemd's restart) takes the CRR over.
-    api.clear_stall();
-    let mut second = crr_proxy(
-        mode,
-        &listen,
-        &ctrd,
-        &kubeconfig,
-        &listen.with_file_name("second.log"),
-    );
-    let done = wait_for(Duration::from_secs(30), || {
-        api.get(Resource::Crr, NAMESPACE, "restart-app")
-            .filter(|c| c["status"]["phase"] == "Completed")
-    })
-    .await
-    .expect("the CRR completed after the restart");
+    node.api.clear_stall();
+    let mut second = node.crr_proxy("second.log");
+    let done = node.completed().await;
     // The lost record is rebuilt from the runtime. If kubelet restarted the
     // container first, the new agent sees a new container (Succeeded); if
     // not, it finds the old one already exited, which counts as killed
@@ -140,22 +221,69 @@ async fn killed_between_the_stop_and_its_record(mode: &str) {
             || *states == json!([{"name": "app", "phase": "Succeeded", "isKilled": true}]),
         "{states}"
     );
-    // Give a second kill every chance to show before counting.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let pod = api.get(Resource::Pod, NAMESPACE, "web-0").unwrap();
     assert_eq!(
-        pod["status"]["containerStatuses"][0]["restartCount"], 1,
-        "the container was stopped exactly once: {pod}"
+        node.restart_count().await,
+        1,
+        "the container was stopped exactly once"
     );
+    assert_eq!(node.hooks(), "run\n", "the hook ran exactly once");
+    assert!(stop(&mut second, Signal::SIGTERM).success());
+}
+
+/// SIGKILL while the preStop hook runs: the next crr-proxy stops the
+/// container without running the hook again.
+async fn killed_during_the_hook(mode: &'static str) {
+    let node = Node::new(mode, "sleep 5").await;
+    let mut first = node.crr_proxy("first.log");
+    node.create_crr();
+    node.hook_began().await;
+    stop(&mut first, Signal::SIGKILL);
+    let mut second = node.crr_proxy("second.log");
+    node.completed().await;
     assert_eq!(
-        std::fs::read_to_string(shared.join("hooks")).unwrap(),
-        "run\n",
-        "the hook ran exactly once"
+        node.restart_count().await,
+        1,
+        "the container was stopped exactly once"
     );
-    kill(Pid::from_raw(second.0.id() as i32), Signal::SIGTERM).unwrap();
-    assert!(second.0.wait().unwrap().success());
-    drop(kubelet);
-    support::remove_socket_dir(&listen);
+    assert_eq!(node.hooks(), "run\n", "the hook ran at most once");
+    assert!(stop(&mut second, Signal::SIGTERM).success());
+}
+
+/// SIGTERM while the preStop hook runs: crr-proxy lets the kill finish
+/// (hook, then StopContainer) before it exits, and the next one completes
+/// the CRR without a second hook or stop.
+async fn stopped_during_the_hook(mode: &'static str) {
+    let node = Node::new(mode, "sleep 2").await;
+    let mut first = node.crr_proxy("first.log");
+    node.create_crr();
+    node.hook_began().await;
+    let old = node.app_id();
+    assert!(stop(&mut first, Signal::SIGTERM).success());
+    let mut cri = support::client(&node.ctrd.endpoint());
+    let status = cri
+        .container_status(crr_proxy::cri::v1::ContainerStatusRequest {
+            container_id: old,
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status
+        .unwrap();
+    assert_eq!(
+        status.state(),
+        crr_proxy::cri::v1::ContainerState::ContainerExited,
+        "crr-proxy exited before the kill it had begun was over"
+    );
+    let mut second = node.crr_proxy("second.log");
+    node.completed().await;
+    assert_eq!(
+        node.restart_count().await,
+        1,
+        "the container was stopped exactly once"
+    );
+    assert_eq!(node.hooks(), "run\n", "the hook ran once");
+    assert!(stop(&mut second, Signal::SIGTERM).success());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -166,4 +294,24 @@ async fn kruise_mode_sigkill_after_the_stop_stops_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standalone_mode_sigkill_after_the_stop_stops_once() {
     killed_between_the_stop_and_its_record("standalone").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kruise_mode_sigkill_during_the_hook_runs_it_once() {
+    killed_during_the_hook("kruise").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_mode_sigkill_during_the_hook_runs_it_once() {
+    killed_during_the_hook("standalone").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kruise_mode_sigterm_during_the_hook_finishes_the_kill() {
+    stopped_during_the_hook("kruise").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_mode_sigterm_during_the_hook_finishes_the_kill() {
+    stopped_during_the_hook("standalone").await;
 }
