@@ -248,7 +248,6 @@ pub async fn run(
         Api::<ContainerRecreateRequest>::all(client.clone()),
         watcher::Config::default().labels(&selector),
     )
-    .backoff(WatchBackoff::default())
     .reflect(writer);
     let reporter = Reporter {
         controller: REPORTER.into(),
@@ -371,11 +370,15 @@ where
     S: futures_util::Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
 {
     let mut events = std::pin::pin!(events);
+    let mut backoff = WatchBackoff::default();
     let mut synced = false;
     // The Pods of the listing under way, and of the last one (and since).
     let mut listing = HashSet::new();
     let mut listed = HashSet::new();
     while let Some(event) = events.next().await {
+        if event.is_ok() {
+            backoff.reset();
+        }
         match event {
             Ok(watcher::Event::InitApply(obj)) => {
                 obj.seen(&agent);
@@ -406,9 +409,13 @@ where
                 }
             }
             Ok(watcher::Event::Init) => listing.clear(),
-            // The watcher backs off and re-lists (410 Gone included); the
-            // reflector keeps the last state meanwhile.
-            Err(error) => warn!(%error, what, "watch failed; retrying"),
+            // The watcher re-lists (410 Gone) or watches again once polled;
+            // the reflector keeps the last state meanwhile.
+            Err(error) => {
+                let delay = backoff.after(&error);
+                warn!(%error, what, ?delay, "watch failed; retrying");
+                tokio::time::sleep(delay).await;
+            }
         }
     }
     warn!(what, "watch ended");
@@ -943,9 +950,13 @@ impl Agent {
         message: &str,
     ) -> Result<(), AgentError> {
         let written = complete(&self.api(crr), crr, message).await?;
+        // The expectation stays until the cache shows the completion: a
+        // sync that reads the copy from before leaves the CRR alone.
         self.expect(&written);
         self.metrics.crr_completed(outcome(crr, message));
-        self.forget(crr);
+        if let (Some(uid), Ok(mut seen)) = (crr.uid(), self.first_seen.lock()) {
+            seen.remove(&uid);
+        }
         Ok(())
     }
 

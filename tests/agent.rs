@@ -19,7 +19,7 @@ use crr_proxy::reason::Recreated;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 use support::ProxyUnderTest;
-use support::apiserver::{FakeApiServer, Resource};
+use support::apiserver::{FakeApiServer, Resource, Watches};
 use support::containerd::Containerd;
 use support::roles::{self, ContainerSpec, KruiseManager, Kubelet, NAMESPACE, PodSpec, wait_for};
 
@@ -83,6 +83,7 @@ impl Cluster {
             .unwrap();
         // The agent writes as its node, under deploy/'s admission policies.
         let api = FakeApiServer::start_for_node(NODE, NODE_TOKEN).await;
+        api.set_watches(Watches::unkind());
         let cri = support::client(&ctrd.endpoint());
         let recreated_file = ctrd.scratch("state").join("recreated");
         let recreated = Arc::new(Recreated::open(&recreated_file).unwrap());
@@ -525,6 +526,42 @@ async fn e2e_4a_and_4b_force_recreate(mode: Mode) {
     let gap_b = finished_at(&pod_b, "sidecar") - finished_at(&pod_b, "app");
     assert!(gap_a < 3, "unordered force waited {gap_a}s");
     assert!(gap_b >= 5, "ordered force waited only {gap_b}s");
+}
+
+/// The agent's cache lags a second behind the API server: after it
+/// completes a CRR, the syncs that still read the copy from before (woken
+/// by the Pod's changes) leave it alone, as kruise's expectations do,
+/// instead of completing it a second time (a 409).
+async fn a_lagging_cache_does_not_complete_a_crr_twice(mode: Mode) {
+    let mut cluster = Cluster::without_agent(mode).await;
+    cluster.api.set_watches(Watches {
+        lag: [(Resource::Crr, Duration::from_secs(1))].into(),
+        ..Watches::default()
+    });
+    cluster.start_agent().await;
+    cluster.kubelet.run_pod(app_and_sidecar("lag")).await;
+    cluster.create("crr-lag", "lag", &["app"], Value::Null, json!({}));
+    cluster.completed("crr-lag", Duration::from_secs(30)).await;
+    // Someone touches the Pod before the cache has the completion (in
+    // standalone mode a Pod's change wakes its CRRs).
+    let touch = json!({"metadata": {"labels": {"touched": "yes"}}});
+    cluster
+        .api
+        .patch(Resource::Pod, NAMESPACE, "lag", &touch, false)
+        .unwrap();
+    // Long enough for the lagging cache to catch up, twice over.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let completing: Vec<_> = cluster
+        .api
+        .writes()
+        .into_iter()
+        .filter(|w| {
+            w.path
+                .ends_with("/containerrecreaterequests/crr-lag/status")
+                && w.body["status"]["completionTime"].is_string()
+        })
+        .collect();
+    assert_eq!(completing.len(), 1, "{completing:#?}");
 }
 
 async fn two_crrs_for_one_pod_back_to_back_both_complete(mode: Mode) {
@@ -1085,6 +1122,8 @@ async fn the_pod_says_why_its_container_restarted(mode: Mode) {
     );
     assert!(cluster.metric("crr_proxy_crr_reconciles_total") >= 2.0);
     assert!(container_status(&pod, "sidecar")["lastState"].is_null());
+    // The scenarios run with a 410 every few watch events: this one relisted.
+    assert!(cluster.api.watches_expired() > 0);
 
     let old = done["spec"]["containers"][0]["statusContext"]["containerID"]
         .as_str()
@@ -1160,6 +1199,7 @@ in_both_modes!(
     an_empty_unready_stamp_counts_as_none,
     crrs_that_exist_before_the_agent_starts_are_taken_at_once,
     a_refused_event_write_is_retried,
+    a_lagging_cache_does_not_complete_a_crr_twice,
 );
 
 /// A hostile CRR: name, Pod, containers, strategy, more spec, and the

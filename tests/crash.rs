@@ -17,7 +17,7 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
-use support::apiserver::{FakeApiServer, Resource};
+use support::apiserver::{FakeApiServer, Resource, Watches};
 use support::containerd::Containerd;
 use support::roles::{ContainerSpec, KruiseManager, Kubelet, NAMESPACE, PodSpec, wait_for};
 
@@ -86,6 +86,7 @@ impl Node {
             .unwrap()
             .unwrap();
         let api = FakeApiServer::start_for_node(NODE, "node-a-token").await;
+        api.set_watches(Watches::unkind());
         let listen = support::temp_socket("crash");
         let kubeconfig = listen.with_file_name("kubeconfig");
         support::write_kubeconfig_as(&kubeconfig, &api.url, Some("node-a-token"));

@@ -12,7 +12,6 @@
 //! path (`node-name=<node>`) and a `spec.nodeName=<node>` Pod watch, as
 //! kubelet's own.
 
-use super::backoff::WatchBackoff;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -82,14 +81,12 @@ pub(crate) fn watches(client: &kube::Client, node: &str) -> (Parts, Streams) {
             Api::<Pod>::all(client.clone()),
             watcher::Config::default().fields(&format!("spec.nodeName={node}")),
         )
-        .backoff(WatchBackoff::default())
         .reflect(pod_writer)
         .boxed(),
         unaccepted: watcher(
             crrs(),
             watcher::Config::default().labels(&format!("!{}", labels::NODE_NAME)),
         )
-        .backoff(WatchBackoff::default())
         .reflect(unaccepted_writer)
         .boxed(),
         finished: watcher(
@@ -100,7 +97,6 @@ pub(crate) fn watches(client: &kube::Client, node: &str) -> (Parts, Streams) {
                 labels::ACTIVE
             )),
         )
-        .backoff(WatchBackoff::default())
         .reflect(finished_writer)
         .boxed(),
     };

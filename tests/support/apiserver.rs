@@ -3,7 +3,9 @@
 //! It keeps objects as JSON and follows the real semantics the agent and the
 //! test roles rely on: resourceVersions, list + watch (resuming from a
 //! resourceVersion, `410 Gone` once compacted, DELETED/ADDED when an object
-//! stops/starts matching a label selector), label and field selectors, the
+//! stops/starts matching a label selector; and, as `set_watches` asks,
+//! BOOKMARKs, a `410` every few events, and a watch that lags behind its
+//! writes), label and field selectors, the
 //! status subresource, JSON merge patch, `409 Conflict` on a stale
 //! resourceVersion, finalizers, admission hooks (the webhook's place) and
 //! Events. Tests reach it over HTTP through kube, and in-process through
@@ -106,6 +108,8 @@ pub struct Change {
     pub kind: ChangeKind,
     pub old: Option<Value>,
     pub new: Value,
+    /// When it was committed (a lagging watch delivers it later).
+    pub at: tokio::time::Instant,
 }
 
 /// An API error, answered as a `Status` object.
@@ -315,6 +319,47 @@ struct Inner {
     pages: Mutex<Option<(usize, Duration)>>,
     /// Writes to answer with an error instead (`fail_writes`).
     faults: Mutex<Vec<Fault>>,
+    /// How the watches behave (`set_watches`).
+    watches: Mutex<Watches>,
+    /// Every write that reached the server over HTTP, answered or not.
+    writes: Mutex<Vec<Written>>,
+    /// Watches ended with `410 Expired` so far.
+    expired: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// One write request as it reached the server.
+#[derive(Clone, Debug)]
+pub struct Written {
+    pub method: Method,
+    pub path: String,
+    pub body: Value,
+}
+
+/// How the server's watches treat their clients; the default is the kind
+/// server of a small cluster.
+#[derive(Clone, Debug, Default)]
+pub struct Watches {
+    /// A watch of one of these resources delivers each event this long
+    /// after its commit (a lagging watch cache).
+    pub lag: HashMap<Resource, Duration>,
+    /// Every watch ends with `410 Expired` after this many events (the
+    /// watch cache's window passed by): the client must list again.
+    pub gone_after: Option<usize>,
+    /// A watch that allows bookmarks gets one this often.
+    pub bookmarks: Option<Duration>,
+}
+
+impl Watches {
+    /// A busy cluster's watches, as the agent's scenarios run them: a 410
+    /// after every 4 events (so every scenario relists, often mid-CRR) and
+    /// a bookmark every 300 ms.
+    pub fn unkind() -> Self {
+        Self {
+            gone_after: Some(4),
+            bookmarks: Some(Duration::from_millis(300)),
+            ..Self::default()
+        }
+    }
 }
 
 /// The next `left` writes (POST, PUT, PATCH, DELETE) to `resource` are
@@ -356,6 +401,9 @@ impl FakeApiServer {
             reset: watch::channel(0).0,
             pages: Mutex::new(None),
             faults: Mutex::new(Vec::new()),
+            watches: Mutex::new(Watches::default()),
+            writes: Mutex::new(Vec::new()),
+            expired: Arc::default(),
         });
         let server = Self { url, inner };
         let handle = server.clone();
@@ -418,6 +466,23 @@ impl FakeApiServer {
     /// last page is in (kube-runtime swaps it at InitDone).
     pub fn set_list_pages(&self, size: usize, delay: Duration) {
         *lock(&self.inner.pages) = Some((size, delay));
+    }
+
+    /// How many watches ended with `410 Expired` so far.
+    pub fn watches_expired(&self) -> usize {
+        self.inner
+            .expired
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The write requests that reached the server over HTTP so far.
+    pub fn writes(&self) -> Vec<Written> {
+        lock(&self.inner.writes).clone()
+    }
+
+    /// From now on, watches behave as `watches` says (lag, 410s, bookmarks).
+    pub fn set_watches(&self, watches: Watches) {
+        *lock(&self.inner.watches) = watches;
     }
 
     /// The next `count` writes to `resource` are refused with `code` (429
@@ -828,6 +893,7 @@ impl FakeApiServer {
             kind,
             old,
             new,
+            at: tokio::time::Instant::now(),
         };
         store.history.push_back(change.clone());
         while store.history.len() > HISTORY {
@@ -990,6 +1056,11 @@ impl FakeApiServer {
             Method::PUT | Method::PATCH | Method::POST | Method::DELETE
         ) {
             let body = serde_json::from_slice::<Value>(&body).unwrap_or(Value::Null);
+            lock(&self.inner.writes).push(Written {
+                method: parts.method.clone(),
+                path: parts.uri.path().to_owned(),
+                body: body.clone(),
+            });
             let stalled = lock(&self.inner.stall)
                 .as_ref()
                 .filter(|s| (s.matches)(&parts.method, parts.uri.path(), &body))
@@ -1036,12 +1107,15 @@ impl FakeApiServer {
                         .get("timeoutSeconds")
                         .and_then(|v| v.parse().ok())
                         .unwrap_or(290);
+                    let bookmarks =
+                        query.get("allowWatchBookmarks").map(String::as_str) == Some("true");
                     return Ok(self.watch(
                         resource,
                         namespace,
                         selector,
                         from,
                         Duration::from_secs(timeout),
+                        bookmarks,
                     ));
                 }
                 let pages = *lock(&self.inner.pages);
@@ -1118,8 +1192,15 @@ impl FakeApiServer {
         selector: Selector,
         from: u64,
         timeout: Duration,
+        bookmarks: bool,
     ) -> Response<BoxBody<Bytes, Infallible>> {
         let (tx, rx) = mpsc::channel::<Frame<Bytes>>(256);
+        let watches = lock(&self.inner.watches).clone();
+        let lag = watches.lag.get(&resource).copied().unwrap_or_default();
+        let bookmark_every = watches
+            .bookmarks
+            .filter(|_| bookmarks)
+            .unwrap_or(Duration::from_secs(3600));
         let line = |kind: &str, obj: &Value| {
             let mut text = json!({"type": kind, "object": obj}).to_string();
             text.push('\n');
@@ -1142,6 +1223,7 @@ impl FakeApiServer {
                     kind: ChangeKind::Added,
                     old: None,
                     new: obj,
+                    at: tokio::time::Instant::now(),
                 });
                 (added.collect(), false)
             } else {
@@ -1177,40 +1259,65 @@ impl FakeApiServer {
                 (_, false, false) => None,
             }
         };
+        let expired = move |rv: u64| {
+            ApiError::new(410, "Expired", format!("too old resource version: {rv}")).status()
+        };
+        let expired_count = Arc::clone(&self.inner.expired);
+        let bookmark = move |rv: u64| {
+            json!({"kind": resource.kind(), "apiVersion": resource.api_version(),
+                   "metadata": {"resourceVersion": rv.to_string()}})
+        };
         tokio::spawn(async move {
             if gone {
-                let status =
-                    ApiError::new(410, "Expired", format!("too old resource version: {from}"))
-                        .status();
-                let _ = tx.send(line("ERROR", &status)).await;
+                let _ = tx.send(line("ERROR", &expired(from))).await;
                 return;
             }
             let mut sent = from;
-            for change in backlog {
-                if let Some((kind, obj)) = filter(&change) {
-                    if tx.send(line(kind, &obj)).await.is_err() {
-                        return;
-                    }
+            let mut delivered = 0;
+            // Sends one change (late when lagging); false once the watch is over.
+            let deliver = async |change: &Change, sent: &mut u64, delivered: &mut usize| {
+                tokio::time::sleep_until(change.at + lag).await;
+                *sent = (*sent).max(change.rv);
+                let Some((kind, obj)) = filter(change) else {
+                    return true;
+                };
+                if tx.send(line(kind, &obj)).await.is_err() {
+                    return false;
                 }
-                sent = sent.max(change.rv);
+                *delivered += 1;
+                if watches.gone_after.is_some_and(|n| *delivered >= n) {
+                    expired_count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let _ = tx.send(line("ERROR", &expired(*sent))).await;
+                    return false;
+                }
+                true
+            };
+            for change in backlog {
+                if !deliver(&change, &mut sent, &mut delivered).await {
+                    return;
+                }
             }
             let deadline = tokio::time::sleep(timeout);
             tokio::pin!(deadline);
+            let mut marks = tokio::time::interval(bookmark_every);
+            marks.tick().await;
             loop {
                 tokio::select! {
                     change = live.recv() => match change {
                         Ok(change) if change.rv > sent => {
-                            sent = change.rv;
-                            if let Some((kind, obj)) = filter(&change) {
-                                if tx.send(line(kind, &obj)).await.is_err() {
-                                    return;
-                                }
+                            if !deliver(&change, &mut sent, &mut delivered).await {
+                                return;
                             }
                         }
                         Ok(_) => {}
                         // Lagged or closed: end the stream; the client resumes.
                         Err(_) => return,
                     },
+                    _ = marks.tick() => {
+                        if tx.send(line("BOOKMARK", &bookmark(sent))).await.is_err() {
+                            return;
+                        }
+                    }
                     _ = reset.changed() => return,
                     () = &mut deadline => return,
                 }
