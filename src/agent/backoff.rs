@@ -78,8 +78,10 @@ mod tests {
     }
 
     fn gone() -> watcher::Error {
-        let mut status = kube::core::Status::default();
-        status.code = 410;
+        let status = kube::core::Status {
+            code: 410,
+            ..Default::default()
+        };
         watcher::Error::WatchError(Box::new(status))
     }
 
