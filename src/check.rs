@@ -88,6 +88,7 @@ impl fmt::Display for Report {
     }
 }
 
+#[derive(Clone)]
 enum Verdict {
     Fail(String),
     Skip(String),
@@ -105,7 +106,17 @@ pub async fn run(config: &RunConfig, kubelet_config: &Path) -> Report {
         report.add("image endpoint", reachable(image).await);
     }
     report.add("listen path", listen_path(&config.listen));
-    report.add("kubelet endpoints", kubelet(kubelet_config, &config.listen));
+    let kubelet_settings = read_kubelet_config(kubelet_config);
+    report.add(
+        "kubelet endpoints",
+        kubelet_settings
+            .clone()
+            .and_then(|parsed| kubelet(&parsed, &config.listen)),
+    );
+    report.add(
+        "restart back-off",
+        kubelet_settings.and_then(|parsed| crash_loop_backoff(&parsed)),
+    );
     if let Some(settings) = &config.agent {
         kubernetes(settings, &mut report).await;
     }
@@ -167,16 +178,19 @@ fn listen_path(path: &Path) -> Result<String, Verdict> {
     }
 }
 
-/// kubelet's configured endpoints, when its configuration is readable.
-fn kubelet(config: &Path, listen: &Path) -> Result<String, Verdict> {
+/// kubelet's configuration file, when it is readable here.
+fn read_kubelet_config(config: &Path) -> Result<serde_json::Value, Verdict> {
     let Ok(text) = std::fs::read_to_string(config) else {
         return Err(Verdict::Skip(format!(
             "{} is not readable here",
             config.display()
         )));
     };
-    let parsed: serde_json::Value =
-        serde_saphyr::from_str(&text).map_err(|e| fail(format!("{}: {e}", config.display())))?;
+    serde_saphyr::from_str(&text).map_err(|e| fail(format!("{}: {e}", config.display())))
+}
+
+/// kubelet's configured endpoints.
+fn kubelet(parsed: &serde_json::Value, listen: &Path) -> Result<String, Verdict> {
     let want = Endpoint::from_path(listen).to_string();
     let mut wrong = Vec::new();
     for key in ["containerRuntimeEndpoint", "imageServiceEndpoint"] {
@@ -196,6 +210,74 @@ fn kubelet(config: &Path, listen: &Path) -> Result<String, Verdict> {
     } else {
         Err(fail(format!("{} (want {want})", wrong.join(", "))))
     }
+}
+
+/// How soon kubelet restarts a container crr-proxy stops again within its
+/// CrashLoopBackOff window: every recreation counts as a crash for kubelet
+/// (the first restart is at once). Informational: it never fails.
+fn crash_loop_backoff(parsed: &serde_json::Value) -> Result<String, Verdict> {
+    let gates = &parsed["featureGates"];
+    let (mut initial, mut max, mut source) = if gates["ReduceDefaultCrashLoopBackOffDecay"] == true
+    {
+        (
+            1,
+            60,
+            "feature gate ReduceDefaultCrashLoopBackOffDecay".to_owned(),
+        )
+    } else {
+        (10, 300, "kubelet's default".to_owned())
+    };
+    let configured = &parsed["crashLoopBackOff"]["maxContainerRestartPeriod"];
+    if let Some(text) = configured.as_str() {
+        let seconds = go_seconds(text).ok_or_else(|| {
+            fail(format!(
+                "crashLoopBackOff.maxContainerRestartPeriod {text:?} is no duration"
+            ))
+        })?;
+        if gates["KubeletCrashLoopBackOffMax"] == false {
+            source = format!(
+                "{source}; crashLoopBackOff.maxContainerRestartPeriod {text} is ignored: feature gate KubeletCrashLoopBackOffMax is off"
+            );
+        } else {
+            max = seconds.clamp(1, 300);
+            initial = initial.min(max);
+            source = format!(
+                "crashLoopBackOff.maxContainerRestartPeriod {text} (Kubernetes 1.35 and later; 1.32 to 1.34 with feature gate KubeletCrashLoopBackOffMax)"
+            );
+        }
+    }
+    Ok(format!(
+        "a container recreated again within {}s waits {initial}s, doubling to {max}s ({source})",
+        2 * max
+    ))
+}
+
+/// Whole seconds of a Go duration such as `90s`, `1m30s` or `500ms`
+/// (rounded up; `None` for anything else).
+fn go_seconds(text: &str) -> Option<u64> {
+    let mut millis: u64 = 0;
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit() && c != '.')?;
+        let value: f64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit] {
+            "h" => 3_600_000.0,
+            "m" => 60_000.0,
+            "s" => 1_000.0,
+            "ms" => 1.0,
+            _ => return None,
+        };
+        millis = millis.checked_add((value * scale) as u64)?;
+        rest = &rest[unit..];
+    }
+    Some(millis.div_ceil(1000))
 }
 
 /// The verbs each agent mode needs, as in deploy/rbac-*.yaml.
@@ -366,4 +448,47 @@ async fn kubernetes(settings: &AgentSettings, report: &mut Report) {
         Err(error) => Err(fail(error)),
     };
     report.add("node name", node);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_restart_back_off_is_read_from_kubelets_configuration() {
+        let said = |config: serde_json::Value| crash_loop_backoff(&config).ok().unwrap_or_default();
+        assert!(
+            said(json!({})).starts_with("a container recreated again within 600s waits 10s, doubling to 300s (kubelet's default)")
+        );
+        let capped = said(json!({"crashLoopBackOff": {"maxContainerRestartPeriod": "1m"}}));
+        assert!(capped.starts_with("a container recreated again within 120s waits 10s, doubling to 60s (crashLoopBackOff.maxContainerRestartPeriod 1m"), "{capped}");
+        let short = said(json!({"crashLoopBackOff": {"maxContainerRestartPeriod": "2s"}}));
+        assert!(short.contains("waits 2s, doubling to 2s"), "{short}");
+        let gated = said(
+            json!({"crashLoopBackOff": {"maxContainerRestartPeriod": "2s"},
+                                "featureGates": {"KubeletCrashLoopBackOffMax": false}}),
+        );
+        assert!(
+            gated.contains("waits 10s, doubling to 300s") && gated.contains("is ignored"),
+            "{gated}"
+        );
+        let reduced = said(json!({"featureGates": {"ReduceDefaultCrashLoopBackOffDecay": true}}));
+        assert!(reduced.contains("waits 1s, doubling to 60s"), "{reduced}");
+        assert!(
+            crash_loop_backoff(&json!({"crashLoopBackOff": {"maxContainerRestartPeriod": "soon"}}))
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn go_durations_in_whole_seconds() {
+        assert_eq!(go_seconds("90s"), Some(90));
+        assert_eq!(go_seconds("1m30s"), Some(90));
+        assert_eq!(go_seconds("500ms"), Some(1));
+        assert_eq!(go_seconds("2.5m"), Some(150));
+        assert_eq!(go_seconds(""), None);
+        assert_eq!(go_seconds("10"), None);
+        assert_eq!(go_seconds("5x"), None);
+    }
 }

@@ -21,7 +21,8 @@ use serde_json::{Value, json};
 use support::ProxyUnderTest;
 use support::apiserver::{FakeApiServer, Resource, Watches};
 use support::containerd::Containerd;
-use support::roles::{self, ContainerSpec, KruiseManager, Kubelet, NAMESPACE, PodSpec, wait_for};
+use support::kubelet::{ContainerSpec, Kubelet, PodSpec, RestartPolicy};
+use support::roles::{self, KruiseManager, NAMESPACE, wait_for};
 
 const NODE: &str = "node-a";
 const NODE_TOKEN: &str = "node-a-token";
@@ -562,6 +563,79 @@ async fn a_lagging_cache_does_not_complete_a_crr_twice(mode: Mode) {
         })
         .collect();
     assert_eq!(completing.len(), 1, "{completing:#?}");
+}
+
+/// kubelet counts a recreation as a crash: a second CRR on the same
+/// container within its CrashLoopBackOff window is held by kubelet for the
+/// back-off (10 s here), with the Pod saying so, and then completes.
+async fn a_second_crr_within_kubelets_back_off_waits_for_it(mode: Mode) {
+    let cluster = Cluster::new(mode).await;
+    cluster.kubelet.run_pod(app_and_sidecar("loop")).await;
+    cluster.create("first", "loop", &["app"], Value::Null, json!({}));
+    cluster.completed("first", Duration::from_secs(30)).await;
+    cluster.create("second", "loop", &["app"], Value::Null, json!({}));
+    let created = Instant::now();
+    let waiting = wait_for(Duration::from_secs(10), || {
+        let app = container_status(&cluster.pod("loop"), "app");
+        (app["state"]["waiting"]["reason"] == "CrashLoopBackOff").then_some(app)
+    })
+    .await
+    .expect("the Pod shows CrashLoopBackOff while kubelet holds the restart");
+    let message = waiting["state"]["waiting"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("back-off 10s restarting failed container=app pod=loop_default("),
+        "{message}"
+    );
+    assert_eq!(
+        waiting["lastState"]["terminated"]["reason"],
+        "ContainerRecreateRequest"
+    );
+    let done = cluster.completed("second", Duration::from_secs(40)).await;
+    assert!(
+        created.elapsed() >= Duration::from_secs(10),
+        "{:?}",
+        created.elapsed()
+    );
+    assert_eq!(
+        states(&done),
+        json!([{"name": "app", "phase": "Succeeded", "isKilled": true}])
+    );
+    let app = container_status(&cluster.pod("loop"), "app");
+    assert_eq!(app["restartCount"], 2);
+    assert!(app["state"]["running"].is_object(), "{app}");
+}
+
+/// A container its Pod does not restart (restartPolicy OnFailure, a clean
+/// exit on SIGTERM) stays down: the CRR waits for a new container that never
+/// comes, and its deadline completes it, as with kruise-daemon.
+async fn a_container_that_is_not_restarted_leaves_the_crr_to_its_deadline(mode: Mode) {
+    let cluster = Cluster::new(mode).await;
+    let mut pod = app_and_sidecar("once");
+    pod.restart_policy = RestartPolicy::OnFailure;
+    cluster.kubelet.run_pod(pod).await;
+    cluster.create(
+        "crr-once",
+        "once",
+        &["app"],
+        Value::Null,
+        json!({"activeDeadlineSeconds": 3}),
+    );
+    let done = cluster.completed("crr-once", Duration::from_secs(20)).await;
+    assert_eq!(
+        done["status"]["message"],
+        "recreating has exceeded the activeDeadlineSeconds"
+    );
+    assert_eq!(
+        states(&done),
+        json!([{"name": "app", "phase": "Recreating", "isKilled": true}])
+    );
+    let app = container_status(&cluster.pod("once"), "app");
+    assert_eq!(app["restartCount"], 0);
+    assert_eq!(app["state"]["terminated"]["exitCode"], 0, "{app}");
+    assert_eq!(
+        app["state"]["terminated"]["reason"],
+        "ContainerRecreateRequest"
+    );
 }
 
 async fn two_crrs_for_one_pod_back_to_back_both_complete(mode: Mode) {
@@ -1200,6 +1274,8 @@ in_both_modes!(
     crrs_that_exist_before_the_agent_starts_are_taken_at_once,
     a_refused_event_write_is_retried,
     a_lagging_cache_does_not_complete_a_crr_twice,
+    a_second_crr_within_kubelets_back_off_waits_for_it,
+    a_container_that_is_not_restarted_leaves_the_crr_to_its_deadline,
 );
 
 /// A hostile CRR: name, Pod, containers, strategy, more spec, and the

@@ -56,7 +56,7 @@ async fn everything_in_place_passes_and_each_gap_fails_by_name() {
     let socket = format!("unix://{}", listen.display());
     std::fs::write(
         &kubelet,
-        format!("kind: KubeletConfiguration\ncontainerRuntimeEndpoint: {socket}\nimageServiceEndpoint: {socket}\n"),
+        format!("kind: KubeletConfiguration\ncontainerRuntimeEndpoint: {socket}\nimageServiceEndpoint: {socket}\ncrashLoopBackOff:\n  maxContainerRestartPeriod: 30s\n"),
     )
     .unwrap();
     let runtime = ctrd.endpoint().to_string();
@@ -83,9 +83,14 @@ async fn everything_in_place_passes_and_each_gap_fails_by_name() {
         "RBAC",
         "CRD",
         "node name",
+        "restart back-off",
     ] {
         assert!(row(&table, check).contains("pass"), "{check}:\n{table}");
     }
+    assert!(
+        row(&table, "restart back-off").contains("waits 10s, doubling to 30s"),
+        "{table}"
+    );
     assert!(
         row(&table, "identity").contains("crr-proxy:node:node-a"),
         "{table}"
@@ -113,6 +118,10 @@ async fn everything_in_place_passes_and_each_gap_fails_by_name() {
     assert_eq!(code, 1, "{table}");
     assert!(row(&table, "runtime endpoint").contains("FAIL"), "{table}");
     assert!(row(&table, "kubelet endpoints").contains("FAIL"), "{table}");
+    assert!(
+        row(&table, "restart back-off").contains("doubling to 300s (kubelet's default)"),
+        "{table}"
+    );
     assert!(
         row(&table, "RBAC").contains("denied: patch pods/status"),
         "{table}"

@@ -19,7 +19,8 @@ use nix::unistd::Pid;
 use serde_json::{Value, json};
 use support::apiserver::{FakeApiServer, Resource, Watches};
 use support::containerd::Containerd;
-use support::roles::{ContainerSpec, KruiseManager, Kubelet, NAMESPACE, PodSpec, wait_for};
+use support::kubelet::{ContainerSpec, Kubelet, PodSpec};
+use support::roles::{KruiseManager, NAMESPACE, wait_for};
 
 const NODE: &str = "node-a";
 

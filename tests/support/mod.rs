@@ -6,6 +6,7 @@ pub mod apiserver;
 pub mod containerd;
 pub mod images;
 pub mod interposer;
+pub mod kubelet;
 pub mod pods;
 pub mod policy;
 pub mod raw;

@@ -1,0 +1,605 @@
+//! kubelet, for the Pods of one node, on the real containerd: it runs them
+//! with kubelet's labels and annotations, reports their status to the fake
+//! API server as kubelet's status manager does (running, waiting in
+//! CrashLoopBackOff, terminated, lastState, the Pod IP), and restarts a
+//! container that exited (attempt + 1) as its restartPolicy says, held back
+//! by kubelet's CrashLoopBackOff. Every second it also sends the PLEG
+//! relist's CRI calls, which reach the runtime through crr-proxy when the
+//! role is given crr-proxy's socket.
+//!
+//! Faster than kubelet in one respect only: an exit is seen within 100 ms
+//! (kubelet's relist sees it within about a second).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crr_proxy::cri::RuntimeClient;
+use crr_proxy::cri::v1::{
+    ContainerFilter, ContainerState, ContainerStatusRequest, ListContainersRequest,
+    ListPodSandboxRequest, PodSandboxConfig, PodSandboxFilter, PodSandboxStatusRequest,
+};
+use crr_proxy::kill::keys;
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+
+use super::apiserver::{FakeApiServer, Resource, now};
+use super::pods;
+use super::roles::{KRUISE_POD_READY, NAMESPACE, condition, wait_for};
+
+/// kubelet's CrashLoopBackOff: the first restart is at once; each later
+/// exit waits `initial`, doubling up to `max`; an exit more than 2 × `max`
+/// after the last restart starts over (client-go's flowcontrol.Backoff).
+#[derive(Clone, Copy, Debug)]
+pub struct CrashLoopBackOff {
+    pub initial: Duration,
+    pub max: Duration,
+}
+
+impl Default for CrashLoopBackOff {
+    /// kubelet's defaults (`initialCrashLoopBackOff`, `MaxContainerBackOff`).
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_secs(10),
+            max: Duration::from_secs(300),
+        }
+    }
+}
+
+/// The Pod's `restartPolicy`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RestartPolicy {
+    #[default]
+    Always,
+    OnFailure,
+    Never,
+}
+
+impl RestartPolicy {
+    fn as_str(self) -> &'static str {
+        match self {
+            RestartPolicy::Always => "Always",
+            RestartPolicy::OnFailure => "OnFailure",
+            RestartPolicy::Never => "Never",
+        }
+    }
+
+    /// kubelet's `ShouldContainerBeRestarted` for an exited container.
+    fn restarts(self, exit_code: i32) -> bool {
+        match self {
+            RestartPolicy::Always => true,
+            RestartPolicy::OnFailure => exit_code != 0,
+            RestartPolicy::Never => false,
+        }
+    }
+}
+
+/// The node's address, and so the address of its host-network Pods.
+pub const NODE_IP: &str = "127.0.0.1";
+
+/// One container of a test Pod.
+#[derive(Clone, Debug)]
+pub struct ContainerSpec {
+    pub name: String,
+    pub command: Vec<String>,
+    /// The Pod spec's `lifecycle.preStop` (JSON LifecycleHandler).
+    pub pre_stop: Option<Value>,
+    /// How long a postStart hook keeps the container from being ready.
+    pub post_start: Duration,
+    /// A host directory mounted at `/shared` (hooks leave traces there).
+    pub shared: Option<PathBuf>,
+}
+
+impl ContainerSpec {
+    /// A container that exits 0 on SIGTERM.
+    pub fn graceful(name: &str) -> Self {
+        Self {
+            name: name.into(),
+            command: [
+                "sh",
+                "-c",
+                "trap 'exit 0' TERM; while :; do sleep 0.1; done",
+            ]
+            .map(String::from)
+            .to_vec(),
+            pre_stop: None,
+            post_start: Duration::ZERO,
+            shared: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct PodSpec {
+    pub name: String,
+    pub containers: Vec<ContainerSpec>,
+    pub termination_grace_period: i64,
+    /// Has the `KruisePodReady` readiness gate (as Kruise workloads' Pods do).
+    pub readiness_gate: bool,
+    pub restart_policy: RestartPolicy,
+}
+
+impl PodSpec {
+    pub fn new(name: &str, containers: Vec<ContainerSpec>) -> Self {
+        Self {
+            name: name.into(),
+            containers,
+            termination_grace_period: 30,
+            readiness_gate: true,
+            restart_policy: RestartPolicy::Always,
+        }
+    }
+}
+
+struct ContainerRun {
+    spec: ContainerSpec,
+    /// Runtime ID of the current instance.
+    id: String,
+    attempt: u32,
+    started_at: String,
+    ready_at: tokio::time::Instant,
+    last_terminated: Option<Value>,
+    /// The instance before this one, while the runtime still has it.
+    previous_id: Option<String>,
+    /// This instance has exited and is not restarted (yet): its
+    /// `state.terminated`, and while CrashLoopBackOff holds it, the
+    /// waiting message.
+    exited: Option<Value>,
+    waiting: Option<String>,
+    /// The CrashLoopBackOff entry of this container (it outlives instances):
+    /// the current delay and when it was last moved on, in Unix nanoseconds.
+    backoff: Option<(Duration, i64)>,
+}
+
+struct PodRun {
+    spec: PodSpec,
+    uid: String,
+    sandbox_id: String,
+    sandbox: PodSandboxConfig,
+    containers: Vec<ContainerRun>,
+}
+
+/// kubelet, for the Pods of one node.
+pub struct Kubelet {
+    pub node: String,
+    api: FakeApiServer,
+    cri: RuntimeClient,
+    log_dir: PathBuf,
+    pods: Arc<tokio::sync::Mutex<Vec<PodRun>>>,
+    backoff: Arc<std::sync::Mutex<CrashLoopBackOff>>,
+    task: JoinHandle<()>,
+}
+
+impl Kubelet {
+    pub async fn start(
+        api: &FakeApiServer,
+        cri: RuntimeClient,
+        node: &str,
+        log_dir: PathBuf,
+    ) -> Self {
+        let _ = api.create(
+            Resource::Node,
+            "",
+            json!({"metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}},
+                   "status": {"addresses": [{"type": "InternalIP", "address": NODE_IP}]}}),
+        );
+        let pods: Arc<tokio::sync::Mutex<Vec<PodRun>>> = Arc::default();
+        let backoff = Arc::new(std::sync::Mutex::new(CrashLoopBackOff::default()));
+        let task = tokio::spawn({
+            let (api, cri, pods) = (api.clone(), cri.clone(), Arc::clone(&pods));
+            let backoff = Arc::clone(&backoff);
+            async move {
+                let mut tick = 0u64;
+                loop {
+                    {
+                        let mut pods = pods.lock().await;
+                        if tick % 10 == 0 {
+                            relist(&cri, &pods).await;
+                        }
+                        let backoff = *backoff.lock().unwrap_or_else(|p| p.into_inner());
+                        for pod in pods.iter_mut() {
+                            restart_exited(&cri, pod, backoff).await;
+                            report(&api, pod);
+                        }
+                    }
+                    tick += 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        });
+        Self {
+            node: node.into(),
+            api: api.clone(),
+            cri,
+            log_dir,
+            pods,
+            backoff,
+            task,
+        }
+    }
+
+    /// Sets the node's CrashLoopBackOff (kubelet's defaults until then).
+    pub fn set_crash_loop_backoff(&self, backoff: CrashLoopBackOff) {
+        *self.backoff.lock().unwrap_or_else(|p| p.into_inner()) = backoff;
+    }
+
+    /// Creates the Pod object, runs it, and waits until it is Ready.
+    pub async fn run_pod(&self, spec: PodSpec) -> Value {
+        let containers: Vec<Value> = spec
+            .containers
+            .iter()
+            .map(|c| {
+                let mut container = json!({"name": c.name, "image": super::images::BUSYBOX_IMAGE, "command": c.command});
+                if let Some(pre_stop) = &c.pre_stop {
+                    container["lifecycle"] = json!({"preStop": pre_stop});
+                }
+                container
+            })
+            .collect();
+        let mut pod_spec = json!({
+            "nodeName": self.node,
+            "hostNetwork": true,
+            "restartPolicy": spec.restart_policy.as_str(),
+            "terminationGracePeriodSeconds": spec.termination_grace_period,
+            "containers": containers,
+        });
+        if spec.readiness_gate {
+            pod_spec["readinessGates"] = json!([{"conditionType": KRUISE_POD_READY}]);
+        }
+        let pod = self
+            .api
+            .create(
+                Resource::Pod,
+                NAMESPACE,
+                json!({"metadata": {"name": spec.name}, "spec": pod_spec}),
+            )
+            .expect("create Pod");
+        let uid = pod["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if spec.readiness_gate {
+            // Kruise's workload controllers start Pods with the gate passed.
+            let conditions = json!({"status": {"conditions": [
+                {"type": KRUISE_POD_READY, "status": "True", "lastTransitionTime": now()}]}});
+            self.api
+                .patch(Resource::Pod, NAMESPACE, &spec.name, &conditions, true)
+                .expect("set KruisePodReady");
+        }
+
+        let mut cri = self.cri.clone();
+        let mut sandbox = pods::sandbox_config(&spec.name, &self.log_dir);
+        if let Some(meta) = sandbox.metadata.as_mut() {
+            meta.uid = uid.clone();
+        }
+        sandbox.labels.insert(keys::POD_UID.into(), uid.clone());
+        let sandbox_id = cri
+            .run_pod_sandbox(crr_proxy::cri::v1::RunPodSandboxRequest {
+                config: Some(sandbox.clone()),
+                runtime_handler: String::new(),
+            })
+            .await
+            .expect("RunPodSandbox")
+            .into_inner()
+            .pod_sandbox_id;
+        let mut run = PodRun {
+            spec: spec.clone(),
+            uid,
+            sandbox_id,
+            sandbox,
+            containers: Vec::new(),
+        };
+        for container in &spec.containers {
+            let started = start(&self.cri, &run, container, 0)
+                .await
+                .expect("start container");
+            run.containers.push(started);
+        }
+        report(&self.api, &run);
+        self.pods.lock().await.push(run);
+        self.wait_ready(&spec.name).await
+    }
+
+    pub async fn wait_ready(&self, pod: &str) -> Value {
+        wait_for(Duration::from_secs(30), || {
+            self.api
+                .get(Resource::Pod, NAMESPACE, pod)
+                .filter(|p| condition(p, "Ready").as_deref() == Some("True"))
+        })
+        .await
+        .unwrap_or_else(|| panic!("Pod {pod} did not become Ready"))
+    }
+}
+
+impl Drop for Kubelet {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Starts one instance of a container, with kubelet's labels and annotations.
+async fn start(
+    cri: &RuntimeClient,
+    pod: &PodRun,
+    spec: &ContainerSpec,
+    attempt: u32,
+) -> anyhow::Result<ContainerRun> {
+    let command: Vec<&str> = spec.command.iter().map(String::as_str).collect();
+    let mut config = pods::container_config(&pod.sandbox, &spec.name, attempt, &command);
+    config.annotations.insert(
+        keys::TERMINATION_GRACE_PERIOD.into(),
+        pod.spec.termination_grace_period.to_string(),
+    );
+    if let Some(pre_stop) = &spec.pre_stop {
+        config
+            .annotations
+            .insert(keys::PRE_STOP_HANDLER.into(), pre_stop.to_string());
+    }
+    pods::own_pid_namespace(&mut config);
+    if let Some(shared) = &spec.shared {
+        pods::mount(&mut config, shared, "/shared");
+    }
+    let mut cri = cri.clone();
+    let id = pods::start(&mut cri, &pod.sandbox_id, &pod.sandbox, config).await?;
+    let status = cri
+        .container_status(crr_proxy::cri::v1::ContainerStatusRequest {
+            container_id: id.clone(),
+            verbose: false,
+        })
+        .await?
+        .into_inner()
+        .status
+        .unwrap_or_default();
+    Ok(ContainerRun {
+        spec: spec.clone(),
+        id,
+        attempt,
+        started_at: rfc3339(status.started_at),
+        ready_at: tokio::time::Instant::now() + spec.post_start,
+        last_terminated: None,
+        previous_id: None,
+        exited: None,
+        waiting: None,
+        backoff: None,
+    })
+}
+
+/// kubelet's restart: an exited container is started again, attempt + 1,
+/// if the restart policy says so and CrashLoopBackOff lets it.
+async fn restart_exited(cri: &RuntimeClient, pod: &mut PodRun, backoff: CrashLoopBackOff) {
+    for i in 0..pod.containers.len() {
+        let mut client = cri.clone();
+        // Every sync reads the dead instance again, as kubelet's
+        // GetPodStatus does: lastState is what the runtime says now.
+        if let Some(previous) = pod.containers[i].previous_id.clone() {
+            let status = client
+                .container_status(ContainerStatusRequest {
+                    container_id: previous,
+                    verbose: false,
+                })
+                .await;
+            if let Some(status) = status.ok().and_then(|s| s.into_inner().status) {
+                pod.containers[i].last_terminated = Some(terminated(&status));
+            }
+        }
+        let Ok(status) = client
+            .container_status(ContainerStatusRequest {
+                container_id: pod.containers[i].id.clone(),
+                verbose: false,
+            })
+            .await
+        else {
+            continue;
+        };
+        let Some(status) = status.into_inner().status else {
+            continue;
+        };
+        if status.state() != ContainerState::ContainerExited {
+            continue;
+        }
+        pod.containers[i].exited = Some(terminated(&status));
+        if !pod.spec.restart_policy.restarts(status.exit_code) {
+            continue;
+        }
+        // doBackOff: held while the delay since the exit has not passed.
+        let now = unix_nanos();
+        let max = i64::try_from(backoff.max.as_nanos()).unwrap_or(i64::MAX);
+        let entry = pod.containers[i]
+            .backoff
+            .filter(|(_, last)| status.finished_at - last <= 2 * max);
+        if let Some((delay, _)) = entry {
+            let delay_nanos = i64::try_from(delay.as_nanos()).unwrap_or(i64::MAX);
+            if now - status.finished_at < delay_nanos {
+                let meta = pod.sandbox.metadata.clone().unwrap_or_default();
+                pod.containers[i].waiting = Some(format!(
+                    "back-off {} restarting failed container={} pod={}_{}({})",
+                    go_duration(delay),
+                    pod.containers[i].spec.name,
+                    meta.name,
+                    meta.namespace,
+                    pod.uid
+                ));
+                continue;
+            }
+        }
+        let next_delay = match entry {
+            Some((delay, _)) => (delay * 2).min(backoff.max),
+            None => backoff.initial.min(backoff.max),
+        };
+        let spec = pod.containers[i].spec.clone();
+        let attempt = pod.containers[i].attempt + 1;
+        // A failed restart (the runtime going away at teardown) is retried
+        // on the next pass, as kubelet's sync loop does.
+        if let Ok(mut next) = start(cri, pod, &spec, attempt).await {
+            next.last_terminated = Some(terminated(&status));
+            next.previous_id = Some(status.id.clone());
+            next.backoff = Some((next_delay, now));
+            pod.containers[i] = next;
+        }
+    }
+}
+
+/// The generic PLEG's relist and each Pod's GetPodStatus, as kubelet sends
+/// them every second; the answers are not needed here.
+async fn relist(cri: &RuntimeClient, pods: &[PodRun]) {
+    let mut cri = cri.clone();
+    let _ = cri.list_pod_sandbox(ListPodSandboxRequest::default()).await;
+    let _ = cri.list_containers(ListContainersRequest::default()).await;
+    for pod in pods {
+        let by_uid = HashMap::from([(keys::POD_UID.to_owned(), pod.uid.clone())]);
+        let _ = cri
+            .list_pod_sandbox(ListPodSandboxRequest {
+                filter: Some(PodSandboxFilter {
+                    label_selector: by_uid.clone(),
+                    ..Default::default()
+                }),
+            })
+            .await;
+        let _ = cri
+            .pod_sandbox_status(PodSandboxStatusRequest {
+                pod_sandbox_id: pod.sandbox_id.clone(),
+                verbose: false,
+            })
+            .await;
+        let listed = cri
+            .list_containers(ListContainersRequest {
+                filter: Some(ContainerFilter {
+                    label_selector: by_uid,
+                    ..Default::default()
+                }),
+            })
+            .await;
+        for container in listed
+            .map(|l| l.into_inner().containers)
+            .unwrap_or_default()
+        {
+            let _ = cri
+                .container_status(ContainerStatusRequest {
+                    container_id: container.id,
+                    verbose: false,
+                })
+                .await;
+        }
+    }
+}
+
+/// A delay as Go's `time.Duration` prints it (`10s`, `1m20s`, `5m0s`).
+fn go_duration(delay: Duration) -> String {
+    let seconds = delay.as_secs();
+    if seconds < 60 {
+        format!("{seconds}s")
+    } else {
+        format!("{}m{}s", seconds / 60, seconds % 60)
+    }
+}
+
+fn unix_nanos() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// `lastState.terminated` from the runtime's status of a dead instance.
+fn terminated(status: &crr_proxy::cri::v1::ContainerStatus) -> Value {
+    let mut terminated = json!({
+        "exitCode": status.exit_code,
+        "reason": status.reason,
+        "startedAt": rfc3339(status.started_at),
+        "finishedAt": rfc3339(status.finished_at),
+        "containerID": format!("containerd://{}", status.id),
+    });
+    if !status.message.is_empty() {
+        terminated["message"] = json!(status.message);
+    }
+    terminated
+}
+
+/// Writes the Pod's status as kubelet's status manager would.
+fn report(api: &FakeApiServer, pod: &PodRun) {
+    let Some(current) = api.get(Resource::Pod, NAMESPACE, &pod.spec.name) else {
+        return;
+    };
+    let tick = tokio::time::Instant::now();
+    let statuses: Vec<Value> = pod
+        .containers
+        .iter()
+        .map(|c| {
+            let running = c.exited.is_none();
+            let mut status = json!({
+                "name": c.spec.name,
+                "containerID": format!("containerd://{}", c.id),
+                "image": super::images::BUSYBOX_IMAGE,
+                "imageID": "",
+                "restartCount": c.attempt,
+                "ready": running && tick >= c.ready_at,
+                "started": running,
+                "state": {"running": {"startedAt": c.started_at}},
+            });
+            if let Some(terminated) = &c.last_terminated {
+                status["lastState"] = json!({"terminated": terminated});
+            }
+            match (&c.exited, &c.waiting) {
+                // Waiting for its restart: the dead instance moves to lastState.
+                (Some(exited), Some(message)) => {
+                    status["state"] =
+                        json!({"waiting": {"reason": "CrashLoopBackOff", "message": message}});
+                    status["lastState"] = json!({"terminated": exited});
+                }
+                (Some(exited), None) => status["state"] = json!({"terminated": exited}),
+                (None, _) => {}
+            }
+            status
+        })
+        .collect();
+    let containers_ready = statuses.iter().all(|s| s["ready"] == json!(true));
+    let gates_ready = !pod.spec.readiness_gate
+        || condition(&current, KRUISE_POD_READY).as_deref() == Some("True");
+    let ready = if containers_ready && gates_ready {
+        "True"
+    } else {
+        "False"
+    };
+    let mut conditions: Vec<Value> = current
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| !matches!(c["type"].as_str(), Some("Ready" | "ContainersReady")))
+        .collect();
+    let transition = |kind: &str, status: &str| {
+        let old = condition(&current, kind);
+        let at = if old.as_deref() == Some(status) {
+            current
+                .pointer("/status/conditions")
+                .and_then(Value::as_array)
+                .and_then(|cs| cs.iter().find(|c| c["type"] == kind))
+                .map(|c| c["lastTransitionTime"].clone())
+                .unwrap_or(json!(now()))
+        } else {
+            json!(now())
+        };
+        json!({"type": kind, "status": status, "lastTransitionTime": at})
+    };
+    conditions.push(transition(
+        "ContainersReady",
+        if containers_ready { "True" } else { "False" },
+    ));
+    let mut ready_condition = transition("Ready", ready);
+    if containers_ready && !gates_ready {
+        ready_condition["reason"] = json!("ReadinessGatesNotReady");
+    }
+    conditions.push(ready_condition);
+    // Host network: the Pod's IP is the node's.
+    let status = json!({"status": {"phase": "Running", "containerStatuses": statuses, "conditions": conditions,
+                                   "hostIP": NODE_IP, "podIP": NODE_IP, "podIPs": [{"ip": NODE_IP}]}});
+    let _ = api.patch(Resource::Pod, NAMESPACE, &pod.spec.name, &status, true);
+}
+
+/// CRI nanoseconds to RFC 3339 at whole seconds (metav1.Time).
+pub fn rfc3339(nanos: i64) -> String {
+    k8s_openapi::jiff::Timestamp::from_nanosecond(i128::from(nanos))
+        .map(|t| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
+        .unwrap_or_default()
+}
