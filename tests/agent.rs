@@ -925,8 +925,11 @@ async fn standalone_a_crr_before_the_containers_started_is_refused() {
     );
 }
 
-async fn standalone_a_pod_deleted_mid_recreate_completes_the_crr() {
-    let cluster = Cluster::new(Mode::Standalone).await;
+/// The Pod is deleted mid-recreate, gracefully as the API server does it:
+/// it is marked (deletionTimestamp) and stays until kubelet has stopped its
+/// containers. The CRR completes with "pod has gone" meanwhile.
+async fn a_pod_deleted_mid_recreate_completes_the_crr(mode: Mode) {
+    let cluster = Cluster::new(mode).await;
     cluster.kubelet.run_pod(pre_stop_pod("pod9")).await;
     cluster.create("crr-9", "pod9", &["app", "sidecar"], Value::Null, json!({}));
     wait_for(Duration::from_secs(10), || {
@@ -940,8 +943,21 @@ async fn standalone_a_pod_deleted_mid_recreate_completes_the_crr() {
         .api
         .delete(Resource::Pod, NAMESPACE, "pod9")
         .unwrap();
+    assert!(
+        cluster.pod("pod9")["metadata"]["deletionTimestamp"].is_string(),
+        "the Pod is terminating, not gone"
+    );
     let done = cluster.completed("crr-9", Duration::from_secs(10)).await;
     assert_eq!(done["status"]["message"], "pod has gone");
+    wait_for(Duration::from_secs(40), || {
+        cluster
+            .api
+            .get(Resource::Pod, NAMESPACE, "pod9")
+            .is_none()
+            .then_some(())
+    })
+    .await
+    .expect("kubelet deleted the Pod for good");
 }
 
 /// A sleep-only preStop (issue 15, defect 2). The webhook copies it as
@@ -1135,11 +1151,6 @@ macro_rules! in_both_modes {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn a_pod_deleted_mid_recreate_completes_the_crr() {
-                super::standalone_a_pod_deleted_mid_recreate_completes_the_crr().await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn hostile_crrs_get_documented_outcomes() {
                 super::standalone_hostile_crrs_get_documented_outcomes().await
             }
@@ -1276,6 +1287,7 @@ in_both_modes!(
     a_lagging_cache_does_not_complete_a_crr_twice,
     a_second_crr_within_kubelets_back_off_waits_for_it,
     a_container_that_is_not_restarted_leaves_the_crr_to_its_deadline,
+    a_pod_deleted_mid_recreate_completes_the_crr,
 );
 
 /// A hostile CRR: name, Pod, containers, strategy, more spec, and the

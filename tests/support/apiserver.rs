@@ -177,6 +177,11 @@ pub struct Store {
 }
 
 impl Store {
+    /// The latest resourceVersion.
+    pub fn rv(&self) -> u64 {
+        self.rv
+    }
+
     pub fn get(&self, resource: Resource, namespace: &str, name: &str) -> Option<&Value> {
         self.objects
             .get(&(resource, namespace.to_owned(), name.to_owned()))
@@ -815,10 +820,17 @@ impl FakeApiServer {
             .pointer("/metadata/finalizers")
             .and_then(Value::as_array)
             .is_none_or(|f| f.is_empty());
+        // The last finalizer of a deleted object gone: it goes, unless it is
+        // a Pod still in its grace period (its kubelet has yet to delete it).
+        let in_grace = current
+            .pointer("/metadata/deletionGracePeriodSeconds")
+            .and_then(Value::as_i64)
+            .is_some_and(|grace| grace > 0);
         if next
             .pointer("/metadata/deletionTimestamp")
             .is_some_and(|t| !t.is_null())
             && finalizers_gone
+            && !in_grace
         {
             store.objects.remove(&key);
             return Ok(self.commit_removal(&mut store, key, current, next));
@@ -826,11 +838,29 @@ impl FakeApiServer {
         Ok(self.commit(&mut store, key, ChangeKind::Modified, Some(current), next))
     }
 
+    /// DELETE with the default grace: a scheduled Pod is only marked
+    /// (see [`FakeApiServer::delete_with_grace`]).
     pub fn delete(
         &self,
         resource: Resource,
         namespace: &str,
         name: &str,
+    ) -> Result<Value, ApiError> {
+        self.delete_with_grace(resource, namespace, name, None)
+    }
+
+    /// DELETE with DeleteOptions' `gracePeriodSeconds`. A Pod bound to a
+    /// node is deleted gracefully, as the real server does: it gets
+    /// `deletionTimestamp` (now + grace) and `deletionGracePeriodSeconds`
+    /// (the Pod's terminationGracePeriodSeconds unless `grace` says
+    /// otherwise) and stays until its kubelet deletes it with grace 0.
+    /// Other objects go at once, or wait for their finalizers.
+    pub fn delete_with_grace(
+        &self,
+        resource: Resource,
+        namespace: &str,
+        name: &str,
+        grace: Option<i64>,
     ) -> Result<Value, ApiError> {
         let mut store = lock(&self.inner.store);
         let key = (resource, scope(resource, namespace), name.to_owned());
@@ -844,6 +874,41 @@ impl FakeApiServer {
             .pointer("/metadata/finalizers")
             .and_then(Value::as_array)
             .is_some_and(|f| !f.is_empty());
+        let grace = grace
+            .or_else(|| {
+                current
+                    .pointer("/spec/terminationGracePeriodSeconds")?
+                    .as_i64()
+            })
+            .unwrap_or(30)
+            .max(0);
+        let graceful = resource == Resource::Pod
+            && current
+                .pointer("/spec/nodeName")
+                .is_some_and(Value::is_string)
+            && grace > 0;
+        let marked = current
+            .pointer("/metadata/deletionGracePeriodSeconds")
+            .and_then(Value::as_i64);
+        if resource == Resource::Pod && marked.is_some() && grace == 0 && has_finalizers {
+            // kubelet's final delete; the finalizers still hold the Pod.
+            let mut next = current.clone();
+            next["metadata"]["deletionGracePeriodSeconds"] = json!(0);
+            return Ok(self.commit(&mut store, key, ChangeKind::Modified, Some(current), next));
+        }
+        if graceful {
+            // A second delete may only shorten the grace.
+            if marked.is_some_and(|m| m <= grace) {
+                return Ok(current);
+            }
+            let at = k8s_openapi::jiff::Timestamp::now()
+                + k8s_openapi::jiff::SignedDuration::from_secs(grace);
+            let mut next = current.clone();
+            next["metadata"]["deletionTimestamp"] =
+                json!(at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
+            next["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
+            return Ok(self.commit(&mut store, key, ChangeKind::Modified, Some(current), next));
+        }
         if has_finalizers {
             if current.pointer("/metadata/deletionTimestamp").is_some() {
                 return Ok(current);
@@ -1178,9 +1243,14 @@ impl FakeApiServer {
                 self.patch(resource, &ns, name, &parse()?, status)
                     .and_then(|obj| ok(200, obj))
             }
-            (&Method::DELETE, Some(name)) => self
-                .delete(resource, &ns, name)
-                .and_then(|obj| ok(200, obj)),
+            (&Method::DELETE, Some(name)) => {
+                let grace = serde_json::from_slice::<Value>(&body)
+                    .ok()
+                    .and_then(|options| options["gracePeriodSeconds"].as_i64())
+                    .or_else(|| query.get("gracePeriodSeconds")?.parse().ok());
+                self.delete_with_grace(resource, &ns, name, grace)
+                    .and_then(|obj| ok(200, obj))
+            }
             _ => Err(ApiError::new(405, "MethodNotAllowed", "method not allowed")),
         }
     }

@@ -3,7 +3,8 @@
 //! API server as kubelet's status manager does (running, waiting in
 //! CrashLoopBackOff, terminated, lastState, the Pod IP), and restarts a
 //! container that exited (attempt + 1) as its restartPolicy says, held back
-//! by kubelet's CrashLoopBackOff. Every second it also sends the PLEG
+//! by kubelet's CrashLoopBackOff. A Pod deleted gracefully has its
+//! containers stopped before the object goes. Every second it also sends the PLEG
 //! relist's CRI calls, which reach the runtime through crr-proxy when the
 //! role is given crr-proxy's socket.
 //!
@@ -19,6 +20,7 @@ use crr_proxy::cri::RuntimeClient;
 use crr_proxy::cri::v1::{
     ContainerFilter, ContainerState, ContainerStatusRequest, ListContainersRequest,
     ListPodSandboxRequest, PodSandboxConfig, PodSandboxFilter, PodSandboxStatusRequest,
+    StopContainerRequest, StopPodSandboxRequest,
 };
 use crr_proxy::kill::keys;
 use serde_json::{Value, json};
@@ -198,9 +200,17 @@ impl Kubelet {
                             relist(&cri, &pods).await;
                         }
                         let backoff = *backoff.lock().unwrap_or_else(|p| p.into_inner());
-                        for pod in pods.iter_mut() {
+                        let mut gone = Vec::new();
+                        for (i, pod) in pods.iter_mut().enumerate() {
+                            if terminate_if_deleted(&api, &cri, pod).await {
+                                gone.push(i);
+                                continue;
+                            }
                             restart_exited(&cri, pod, backoff).await;
                             report(&api, pod);
+                        }
+                        for i in gone.into_iter().rev() {
+                            pods.remove(i);
                         }
                     }
                     tick += 1;
@@ -438,6 +448,39 @@ async fn restart_exited(cri: &RuntimeClient, pod: &mut PodRun, backoff: CrashLoo
             pod.containers[i] = next;
         }
     }
+}
+
+/// A Pod deleted gracefully (it has a deletionTimestamp): its containers
+/// are stopped within `deletionGracePeriodSeconds` and never restarted, its
+/// sandbox is stopped, and the Pod object is deleted for good (grace 0), as
+/// kubelet does. True once the Pod is gone. (kubelet would run preStop
+/// hooks here too; this role does not.)
+async fn terminate_if_deleted(api: &FakeApiServer, cri: &RuntimeClient, pod: &PodRun) -> bool {
+    let Some(object) = api.get(Resource::Pod, NAMESPACE, &pod.spec.name) else {
+        return true;
+    };
+    if !object["metadata"]["deletionTimestamp"].is_string() {
+        return false;
+    }
+    let grace = object["metadata"]["deletionGracePeriodSeconds"]
+        .as_i64()
+        .unwrap_or(pod.spec.termination_grace_period);
+    let mut cri = cri.clone();
+    for container in &pod.containers {
+        let _ = cri
+            .stop_container(StopContainerRequest {
+                container_id: container.id.clone(),
+                timeout: grace.max(0),
+            })
+            .await;
+    }
+    let _ = cri
+        .stop_pod_sandbox(StopPodSandboxRequest {
+            pod_sandbox_id: pod.sandbox_id.clone(),
+        })
+        .await;
+    let _ = api.delete_with_grace(Resource::Pod, NAMESPACE, &pod.spec.name, Some(0));
+    api.get(Resource::Pod, NAMESPACE, &pod.spec.name).is_none()
 }
 
 /// The generic PLEG's relist and each Pod's GetPodStatus, as kubelet sends

@@ -4,7 +4,9 @@
 //! It follows the API server's order: match constraints (group, resource
 //! with subresource, operation), then matchConditions (all must hold), then
 //! variables (each may use the earlier ones), then validations; with
-//! `failurePolicy: Fail`, an expression that errors denies the request. A
+//! `failurePolicy: Fail`, an expression that errors denies the request; the
+//! first validation that fails is reported, with its messageExpression when
+//! that evaluates to a string, else its message. A
 //! policy acts only when a binding with `validationActions: [Deny]` names it.
 
 use std::collections::HashMap;
@@ -54,6 +56,8 @@ struct Rule {
 struct Validation {
     program: cel::Program,
     message: String,
+    /// Evaluated for the message when set; `message` if it fails.
+    message_expression: Option<cel::Program>,
     reason: String,
 }
 
@@ -150,6 +154,7 @@ pub fn load(manifest: &str) -> Vec<Policy> {
                             .as_str()
                             .unwrap_or("failed expression")
                             .to_owned(),
+                        message_expression: v["messageExpression"].as_str().map(compile),
                         reason: v["reason"].as_str().unwrap_or("Invalid").to_owned(),
                     })
                     .collect(),
@@ -243,7 +248,15 @@ impl Policy {
             match validation.program.execute(&context) {
                 Ok(cel::Value::Bool(true)) => {}
                 Ok(cel::Value::Bool(false)) => {
-                    return deny(&validation.reason, &validation.message);
+                    let message = validation
+                        .message_expression
+                        .as_ref()
+                        .and_then(|m| match m.execute(&context) {
+                            Ok(cel::Value::String(text)) => Some(text.to_string()),
+                            _ => None,
+                        })
+                        .unwrap_or_else(|| validation.message.clone());
+                    return deny(&validation.reason, &message);
                 }
                 other => return deny("Forbidden", &format!("expression: {other:?}")),
             }

@@ -6,7 +6,8 @@
 //!   defaults, refusals) and controller (sync-container-statuses, the
 //!   unready stamp and KruisePodReady, deadline, "pod has gone", completion
 //!   cleanup: readiness, finalizer, active label, TTL), as
-//!   `shared/research/crr-semantics.md` §2.1–§2.2 describe them.
+//!   `shared/research/crr-semantics.md` §2.1–§2.2 describe them. The
+//!   controller reads through a cache that trails the API server.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,7 +19,7 @@ use crr_proxy::kill::keys;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
-use super::apiserver::{ApiError, FakeApiServer, Operation, Resource, Selector, now};
+use super::apiserver::{ApiError, ChangeKind, FakeApiServer, Operation, Resource, Selector, now};
 
 pub const NAMESPACE: &str = "default";
 pub const KRUISE_POD_READY: &str = "KruisePodReady";
@@ -82,30 +83,120 @@ pub async fn runtime_containers(
 
 // === kruise-manager ===
 
-/// kruise-manager's CRR webhook and controller.
+/// kruise-manager's CRR webhook and controller. The controller reads, as
+/// kruise's does, through an informer cache: a copy of the CRRs and Pods
+/// that trails the API server by [`CACHE_LAG`]; it writes to the server.
 pub struct KruiseManager {
-    task: JoinHandle<()>,
+    tasks: Vec<JoinHandle<()>>,
 }
+
+/// How far the manager's cache trails the API server (real informers trail
+/// by milliseconds, by seconds under load).
+pub const CACHE_LAG: Duration = Duration::from_millis(300);
 
 impl KruiseManager {
     pub fn start(api: &FakeApiServer) -> Self {
+        Self::start_with_lag(api, CACHE_LAG)
+    }
+
+    pub fn start_with_lag(api: &FakeApiServer, lag: Duration) -> Self {
         api.add_admission(Arc::new(webhook));
+        let (cache, feeder) = Cache::follow(api, lag);
         let api = api.clone();
         let task = tokio::spawn(async move {
             loop {
-                for crr in api.list(Resource::Crr, None, &Selector::default()) {
-                    reconcile(&api, &crr);
+                for crr in cache.list(Resource::Crr) {
+                    reconcile(&api, &cache, &crr);
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         });
-        Self { task }
+        Self {
+            tasks: vec![feeder, task],
+        }
     }
 }
 
 impl Drop for KruiseManager {
     fn drop(&mut self) {
-        self.task.abort();
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+type CacheKey = (Resource, String, String);
+
+/// An informer's copy of the CRRs and Pods: every change reaches it `lag`
+/// after its commit.
+#[derive(Clone, Default)]
+struct Cache {
+    objects: Arc<std::sync::Mutex<HashMap<CacheKey, Value>>>,
+}
+
+impl Cache {
+    fn follow(api: &FakeApiServer, lag: Duration) -> (Self, JoinHandle<()>) {
+        let cache = Self::default();
+        // Subscribe before listing, so that nothing falls between.
+        let mut changes = api.subscribe();
+        let listed = api.store().rv();
+        for resource in [Resource::Crr, Resource::Pod] {
+            for obj in api.list(resource, None, &Selector::default()) {
+                cache.put(resource, obj);
+            }
+        }
+        let feeder = tokio::spawn({
+            let cache = cache.clone();
+            async move {
+                while let Ok(change) = changes.recv().await {
+                    if change.rv <= listed
+                        || !matches!(change.resource, Resource::Crr | Resource::Pod)
+                    {
+                        continue;
+                    }
+                    tokio::time::sleep_until(change.at + lag).await;
+                    match change.kind {
+                        ChangeKind::Deleted => cache.remove(change.resource, &change.new),
+                        _ => cache.put(change.resource, change.new),
+                    }
+                }
+            }
+        });
+        (cache, feeder)
+    }
+
+    fn key(resource: Resource, obj: &Value) -> CacheKey {
+        let meta = &obj["metadata"];
+        let text = |field: &str| meta[field].as_str().unwrap_or_default().to_owned();
+        (resource, text("namespace"), text("name"))
+    }
+
+    fn put(&self, resource: Resource, obj: Value) {
+        let key = Self::key(resource, &obj);
+        self.lock().insert(key, obj);
+    }
+
+    fn remove(&self, resource: Resource, obj: &Value) {
+        let key = Self::key(resource, obj);
+        self.lock().remove(&key);
+    }
+
+    fn list(&self, resource: Resource) -> Vec<Value> {
+        self.lock()
+            .iter()
+            .filter(|((r, _, _), _)| *r == resource)
+            .map(|(_, obj)| obj.clone())
+            .collect()
+    }
+
+    fn get(&self, resource: Resource, namespace: &str, name: &str) -> Option<Value> {
+        self.lock()
+            .get(&(resource, namespace.to_owned(), name.to_owned()))
+            .cloned()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<CacheKey, Value>> {
+        self.objects.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -320,13 +411,13 @@ fn complete(api: &FakeApiServer, crr: &Value, message: &str) {
 }
 
 /// The manager's reconcile of one CRR (§2.2).
-fn reconcile(api: &FakeApiServer, crr: &Value) {
+fn reconcile(api: &FakeApiServer, cache: &Cache, crr: &Value) {
     let (ns, name) = crr_key(crr);
     let pod_name = crr["spec"]["podName"]
         .as_str()
         .unwrap_or_default()
         .to_owned();
-    let pod = api.get(Resource::Pod, &ns, &pod_name);
+    let pod = cache.get(Resource::Pod, &ns, &pod_name);
     let finished = crr["metadata"]["deletionTimestamp"].is_string()
         || crr["status"]["completionTime"].is_string();
     if finished {
