@@ -21,7 +21,7 @@ use crate::cri::Endpoint;
 use crate::metrics::Metrics;
 
 #[derive(Debug, thiserror::Error)]
-#[error("bind {addr}: {source}")]
+#[error("bind {addr}")]
 pub struct AdminError {
     addr: SocketAddr,
     #[source]
@@ -71,7 +71,7 @@ pub async fn serve(
                     .serve_connection(TokioIo::new(stream), service)
                     .await
                 {
-                    debug!(%error, "probe connection ended");
+                    debug!(error = %crate::telemetry::Chain(&error), "probe connection ended");
                 }
             });
         }

@@ -43,6 +43,7 @@ use crate::kill::{self, HookResult, KillRequest, Killer};
 use crate::metrics::{CrrOutcome, Metrics};
 use crate::reason::Recreated;
 use crate::records::Records;
+use crate::telemetry::Chain;
 use backoff::WatchBackoff;
 use queue::{Next, Queue};
 
@@ -56,13 +57,13 @@ pub const REPORTER: &str = "crr-proxy";
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
-    #[error("kubernetes API: {0}")]
+    #[error("kubernetes API")]
     Kube(#[from] kube::Error),
     #[error("kubeconfig: {0}")]
     KubeConfig(String),
-    #[error("start the agent thread: {0}")]
+    #[error("start the agent thread")]
     Thread(#[source] std::io::Error),
-    #[error("runtime {call}: {status}")]
+    #[error("runtime {call}")]
     Runtime {
         call: &'static str,
         #[source]
@@ -167,7 +168,7 @@ pub async fn spawn(
 ) -> Result<AgentHandle, AgentError> {
     let config = kube_config(settings).await?;
     let kills = Records::open(&settings.kills_file).unwrap_or_else(|error| {
-        warn!(%error, "a preStop hook cut short by a restart will run again");
+        warn!(error = %Chain(&error), "a preStop hook cut short by a restart will run again");
         Records::in_memory()
     });
     let kills = Arc::new(kills);
@@ -499,7 +500,7 @@ impl Agent {
                         let next = match agent.sync(&key).await {
                             Ok(next) => next,
                             Err(error) => {
-                                warn!(%error, "sync failed; backing off");
+                                warn!(error = %Chain(&error), "sync failed; backing off");
                                 Next::Failed
                             }
                         };
@@ -729,7 +730,7 @@ impl Agent {
                 .is_some_and(|uid| self.kills.get(&id).as_deref() == Some(uid));
             if let (false, Some(uid)) = (resumed, crr_uid.as_deref()) {
                 if let Err(error) = self.kills.insert(&id, uid) {
-                    warn!(%error, "a restart during this kill would run its preStop hook again");
+                    warn!(error = %Chain(&error), "a restart during this kill would run its preStop hook again");
                 }
             }
             let request = KillRequest {
@@ -796,7 +797,7 @@ impl Agent {
                 // StopContainer went out: from now on kubelet is told why.
                 let crr_key = format!("{}/{}", crr_namespace, crr_name);
                 if let Err(error) = self.recreated.record(&id, &crr_key) {
-                    warn!(%error, "the restart reason will not survive a restart");
+                    warn!(error = %Chain(&error), "the restart reason will not survive a restart");
                 }
             }
             info!(container = %name, after = ?outcome.after, "container killed");

@@ -58,7 +58,7 @@ pub async fn run(
     let recreated = match &config.recreated_file {
         Some(file) => reason::Recreated::open(file).unwrap_or_else(|error| {
             // The rewrite is a courtesy: never a reason not to serve.
-            tracing::warn!(%error, "forgetting earlier recreations");
+            tracing::warn!(error = %telemetry::Chain(&error), "forgetting earlier recreations");
             reason::Recreated::in_memory()
         }),
         None => reason::Recreated::in_memory(),
@@ -77,7 +77,7 @@ pub async fn run(
         if let Err(error) = admin::serve(addr, ready, Arc::clone(&metrics), runtime).await {
             // Probes and metrics are for the operator; kubelet's path must
             // not wait on a busy port.
-            tracing::error!(%error, "serving without /metrics, /healthz and /readyz");
+            tracing::error!(error = %telemetry::Chain(&error), "serving without /metrics, /healthz and /readyz");
         }
     }
     tracing::info!(

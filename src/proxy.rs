@@ -41,6 +41,7 @@ use tracing::{debug, info, warn};
 use crate::cri::Method;
 use crate::metrics::Metrics;
 use crate::reason::{Editor, Recreated, StatusResponse};
+use crate::telemetry::Chain;
 
 pub use crate::cri::{Endpoint, EndpointError};
 use body::Call;
@@ -188,7 +189,7 @@ impl Proxy {
                 }
             };
             if let Err(error) = served {
-                warn!(%error, "could not register a connection");
+                warn!(error = %Chain(&error), "could not register a connection");
             }
         });
     }
@@ -212,7 +213,7 @@ async fn serve_terminated<S>(
                 if let Err(error) = ended {
                     // A client that speaks something other than HTTP/2, or
                     // goes away abruptly, only ends its own connection.
-                    debug!(%error, "client connection ended with an error");
+                    debug!(error = %Chain(&error), "client connection ended with an error");
                 }
                 return;
             }

@@ -6,6 +6,22 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
 
+/// An error and every source under it, `outer: inner: innermost`, for
+/// logs: each of crr-proxy's errors states only its own part.
+pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut next = self.0.source();
+        while let Some(source) = next {
+            write!(f, ": {source}")?;
+            next = source.source();
+        }
+        Ok(())
+    }
+}
+
 /// Installs the global subscriber: level from `CRR_PROXY_LOG` (then
 /// `RUST_LOG`, then `info`), text or JSON lines on stderr.
 pub fn init(format: LogFormat) {
@@ -24,4 +40,22 @@ pub fn init(format: LogFormat) {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_states_its_own_part_and_the_chain_states_each_once() {
+        let error = crate::records::RecordsError::Write {
+            path: "/var/lib/crr-proxy/kills".into(),
+            source: std::io::Error::other("disk full"),
+        };
+        assert_eq!(error.to_string(), "writing /var/lib/crr-proxy/kills");
+        assert_eq!(
+            Chain(&error).to_string(),
+            "writing /var/lib/crr-proxy/kills: disk full"
+        );
+    }
 }

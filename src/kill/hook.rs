@@ -188,7 +188,10 @@ async fn run_http(action: &HTTPGetAction, ctx: &HookContext<'_>) -> Result<bool,
         path: action.path.clone().unwrap_or_default(),
         headers,
     };
-    ctx.http.get(&get).await.map_err(|e| e.to_string())
+    ctx.http
+        .get(&get)
+        .await
+        .map_err(|e| crate::telemetry::Chain(&e).to_string())
 }
 
 /// The port of an httpGet hook: a number, a numeric string, or the name of

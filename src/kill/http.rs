@@ -48,13 +48,13 @@ pub struct Get {
 
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
-    #[error("dial tcp {authority}: {source}")]
+    #[error("dial tcp {authority}")]
     Connect {
         authority: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("tls handshake with {authority}: {source}")]
+    #[error("tls handshake with {authority}")]
     Tls {
         authority: String,
         #[source]
@@ -62,7 +62,7 @@ pub enum HttpError {
     },
     #[error("invalid request for {url}: {reason}")]
     Invalid { url: String, reason: String },
-    #[error("GET {url}: {source}")]
+    #[error("GET {url}")]
     Request {
         url: String,
         #[source]

@@ -20,14 +20,14 @@ pub enum ListenError {
         "{dir}: the socket's directory is writable by anyone; use a directory of its own (e.g. /run/crr-proxy)"
     )]
     WorldWritable { dir: PathBuf },
-    #[error("{path}: {context}: {source}")]
+    #[error("{path}: {context}")]
     Io {
         path: PathBuf,
         context: &'static str,
         #[source]
         source: io::Error,
     },
-    #[error("socket activation: {0}")]
+    #[error("socket activation")]
     Activation(#[source] io::Error),
 }
 

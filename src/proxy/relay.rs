@@ -43,6 +43,7 @@ use super::hpack;
 use super::socket::{Inbox, Socket};
 use crate::metrics::Metrics;
 use crate::reason::Recreated;
+use crate::telemetry::Chain;
 use codec::{Blocks, CodecError};
 use flow::ClientFlow;
 use outbound::Outbound;
@@ -76,7 +77,7 @@ pub(super) enum RelayError {
     Codec(#[from] CodecError),
     #[error("the runtime sent PUSH_PROMISE, which gRPC never uses")]
     Push,
-    #[error("reading from the client: {0}")]
+    #[error("reading from the client")]
     Client(#[source] io::Error),
 }
 
@@ -223,7 +224,7 @@ impl Relay {
                     }
                     Poll::Ready(Err(error)) => {
                         // Only this client's connection ends.
-                        debug!(error = %RelayError::Client(error), "client connection ended");
+                        debug!(error = %Chain(&RelayError::Client(error)), "client connection ended");
                         return Poll::Ready(Step::Finished);
                     }
                     Poll::Pending => {}
@@ -240,7 +241,7 @@ impl Relay {
                     }
                     Poll::Ready(Ok(_)) => {
                         if let Err(error) = state.upstream_frames() {
-                            debug!(%error, "the runtime broke the protocol");
+                            debug!(error = %Chain(&error), "the runtime broke the protocol");
                             state.ends.upstream_broken = true;
                             state.upstream_gone();
                         }
@@ -370,7 +371,7 @@ impl State {
     /// The client broke the protocol: it is told why, after what is queued
     /// for it, and the runtime connection ends (RFC 9113 §5.4.1).
     fn fail(&mut self, error: &RelayError) {
-        debug!(%error, "client connection failed");
+        debug!(error = %Chain(error), "client connection failed");
         self.ends.failed = true;
         self.to_upstream.clear();
         self.streams = Streams::default();

@@ -17,6 +17,7 @@ use tracing::debug;
 
 use super::frame::{self, FrameError, HEAD_LEN, Head};
 use super::hpack::{self, HpackError};
+use crate::telemetry::Chain;
 
 /// What is buffered towards hyper, as a duplex pipe's capacity.
 const PIPE: usize = 256 << 10;
@@ -35,7 +36,7 @@ pub(super) enum TranscodeError {
     FrameTooLarge(usize),
     #[error("a header block interrupted by a frame of type {0:#x}")]
     Interleaved(u8),
-    #[error("HPACK: {0}")]
+    #[error("HPACK")]
     Hpack(#[from] HpackError),
 }
 
@@ -65,7 +66,7 @@ async fn pump(client: UnixStream, ours: DuplexStream) {
             };
             if let Err(error) = transcoder.feed(&buf[..n], &mut out) {
                 // hyper sees the connection end; only this client's goes.
-                debug!(%error, "client connection ended");
+                debug!(error = %Chain(&error), "client connection ended");
                 break;
             }
             if to_hyper.write_all(&out.split()).await.is_err() {

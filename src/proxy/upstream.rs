@@ -13,15 +13,16 @@ use tracing::debug;
 
 use super::{Endpoint, ProxyBody};
 use crate::metrics::Metrics;
+use crate::telemetry::Chain;
 
 #[derive(Debug, thiserror::Error)]
 enum UpstreamError {
-    #[error("connect: {0}")]
+    #[error("connect")]
     Connect(#[source] io::Error),
-    #[error("http/2 handshake: {0}")]
+    #[error("http/2 handshake")]
     Handshake(#[source] hyper::Error),
-    #[error("{0}")]
-    Call(#[source] hyper::Error),
+    #[error(transparent)]
+    Call(hyper::Error),
 }
 
 pub(super) struct Upstream {
@@ -47,7 +48,7 @@ impl Upstream {
         match self.send(req).await {
             Ok(response) => response.map(|body| ProxyBody::upstream(body, self.endpoint.clone())),
             Err(error) => {
-                debug!(endpoint = %self.endpoint, %error, "runtime unavailable");
+                debug!(endpoint = %self.endpoint, error = %Chain(&error), "runtime unavailable");
                 ProxyBody::unavailable(&self.endpoint, &error)
             }
         }
@@ -101,7 +102,7 @@ impl Upstream {
         metrics.upstream_connected();
         tokio::spawn(async move {
             if let Err(error) = connection.await {
-                debug!(%endpoint, %error, "runtime connection ended");
+                debug!(%endpoint, error = %Chain(&error), "runtime connection ended");
             }
             metrics.upstream_disconnected();
         });

@@ -14,7 +14,7 @@ pub(in crate::proxy) enum CodecError {
     Frame(#[from] FrameError),
     #[error("a header block interrupted by a frame of type {0:#x}")]
     Interleaved(u8),
-    #[error("HPACK: {0}")]
+    #[error("HPACK")]
     Hpack(#[from] HpackError),
 }
 

@@ -29,6 +29,7 @@ use crate::proxy::body::{Call, UNAVAILABLE, unavailable_message};
 use crate::proxy::frame::{self, HEAD_LEN, Head};
 use crate::proxy::hpack;
 use crate::proxy::socket::{Inbox, Socket};
+use crate::telemetry::Chain;
 
 /// How often the runtime is looked for while nothing happens.
 const PROBE: Duration = Duration::from_millis(500);
@@ -163,7 +164,7 @@ impl Standin {
                     }
                     Poll::Ready(Ok(_)) => {
                         if let Err(error) = self.frames() {
-                            debug!(%error, "client connection failed");
+                            debug!(error = %Chain(&error), "client connection failed");
                             let debug = error.to_string();
                             let (last, code) = (self.answered, error.code());
                             frame::goaway(last, code, debug.as_bytes(), &mut self.to_client);
@@ -172,7 +173,7 @@ impl Standin {
                         progress = true;
                     }
                     Poll::Ready(Err(error)) => {
-                        debug!(%error, "client connection ended");
+                        debug!(error = %Chain(&error), "client connection ended");
                         return Poll::Ready(Step::Finished);
                     }
                     Poll::Pending => {}
