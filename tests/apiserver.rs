@@ -229,3 +229,60 @@ async fn finalizers_delay_deletion_and_events_are_stored() {
     assert_eq!(stored[0]["reason"], "Killing");
     assert_eq!(stored[0]["series"]["count"], 2);
 }
+
+/// kube-runtime's Recorder, against the fake's events.k8s.io validation: a
+/// first Event is created, a repeat is patched with its series (count 2),
+/// and the Events the real server refuses are refused.
+#[tokio::test]
+async fn events_are_validated_on_create_and_on_their_series_patch() {
+    use k8s_openapi::api::core::v1::ObjectReference;
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    let server = FakeApiServer::start().await;
+    let reporter = Reporter {
+        controller: "crr-proxy".into(),
+        instance: Some("node-a".into()),
+    };
+    let recorder = Recorder::new(server.client(), reporter);
+    let pod = ObjectReference {
+        kind: Some("Pod".into()),
+        api_version: Some("v1".into()),
+        namespace: Some("default".into()),
+        name: Some("web-0".into()),
+        ..Default::default()
+    };
+    let event = Event {
+        type_: EventType::Normal,
+        reason: "Killing".into(),
+        note: Some("Stopping container app".into()),
+        action: "Killing".into(),
+        secondary: None,
+    };
+    recorder.publish(&event, &pod).await.unwrap();
+    recorder.publish(&event, &pod).await.unwrap();
+    let stored = server.list(Resource::Event, Some("default"), &Selector::default());
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    assert_eq!(stored[0]["series"]["count"], 2, "{}", stored[0]);
+
+    let base = json!({"metadata": {"name": "e1"}, "eventTime": "2026-01-01T00:00:00.000000Z",
+        "reportingController": "crr-proxy", "reportingInstance": "node-a", "action": "Killing",
+        "reason": "Killing", "type": "Normal", "note": "n"});
+    let refused = |change: serde_json::Value| {
+        let mut event = base.clone();
+        support::apiserver::merge_patch(&mut event, &change);
+        server
+            .create(Resource::Event, "default", event)
+            .expect_err("refused")
+            .message
+    };
+    assert!(refused(json!({"note": "x".repeat(1025)})).starts_with("note: Too long"));
+    assert!(refused(json!({"reportingInstance": null})).starts_with("reportingInstance: Required"));
+    assert!(refused(json!({"eventTime": null})).starts_with("eventTime: Required"));
+    assert!(refused(json!({"type": "Loud"})).starts_with("type: Unsupported value"));
+    assert!(
+        refused(json!({"series": {"count": 1, "lastObservedTime": "2026-01-01T00:00:00.000000Z"}}))
+            .starts_with("series.count")
+    );
+    server
+        .create(Resource::Event, "default", base.clone())
+        .unwrap();
+}

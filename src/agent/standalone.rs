@@ -29,11 +29,15 @@ use serde_json::json;
 use tokio::task::JoinHandle;
 use tracing::{Instrument, info, info_span, warn};
 
+use super::context::{self, Completion, Context};
+use super::manager::Step;
 use super::queue::Next;
-use super::{Agent, AgentError, PodKey, SyncGate, Watched, follow, is_finished};
+use super::watches::{SyncGate, Watched, follow};
+use super::{Agent, AgentError, PodKey, is_finished};
 use crate::crr::admission;
 use crate::crr::{ContainerRecreateRequest, SyncContainerStatus, annotations, labels};
 use crate::metrics::CrrOutcome;
+use crate::telemetry::Chain;
 
 /// The readiness gate kruise's Pods carry.
 pub const KRUISE_POD_READY: &str = "KruisePodReady";
@@ -134,20 +138,16 @@ impl Streams {
     }
 }
 
-/// How the manager's part of a pass ended.
-pub(crate) enum Outcome {
-    /// Something was written: its watch event brings the Pod back.
-    Wrote,
-    /// Nothing to write; carry on with the daemon's part, and come back by then.
-    Continue(Next),
-}
-
-pub(super) const DEADLINE_EXCEEDED: &str = "recreating has exceeded the activeDeadlineSeconds";
-
 impl Parts {
     /// Completes `crr` when its deadline passes, whatever its Pod's queue is
     /// doing then.
-    fn arm_deadline(&self, agent: &Agent, crr: &ContainerRecreateRequest, left: Duration) {
+    fn arm_deadline(
+        &self,
+        ctx: &Context,
+        store: &Store<ContainerRecreateRequest>,
+        crr: &ContainerRecreateRequest,
+        left: Duration,
+    ) {
         let (Some(uid), Ok(mut deadlines)) = (crr.uid(), self.deadlines.lock()) else {
             return;
         };
@@ -155,11 +155,11 @@ impl Parts {
         if deadlines.contains_key(&uid) {
             return;
         }
-        let store = agent.store.clone();
+        let store = store.clone();
         let pods = self.pods.clone();
-        let client = agent.client.clone();
-        let api = agent.api(crr);
-        let metrics = Arc::clone(&agent.metrics);
+        let client = ctx.client.clone();
+        let api = ctx.api(crr);
+        let metrics = Arc::clone(&ctx.metrics);
         let target = ObjectRef::from_obj(crr);
         let timer = tokio::spawn(async move {
             tokio::time::sleep(left).await;
@@ -171,12 +171,12 @@ impl Parts {
                 if is_finished(&latest) {
                     return;
                 }
-                match super::complete(&api, &latest, DEADLINE_EXCEEDED).await {
+                match context::complete(&api, &latest, &Completion::DeadlineExceeded).await {
                     Err(kube::Error::Api(status)) if status.code == 409 => {
                         tokio::time::sleep(Duration::from_millis(200)).await;
                     }
                     Err(error) => {
-                        warn!(%error, "could not complete a CRR past its deadline; its Pod's next pass will");
+                        warn!(error = %Chain(&error), "could not complete a CRR past its deadline; its Pod's next pass will");
                         return;
                     }
                     Ok(written) => {
@@ -186,7 +186,7 @@ impl Parts {
                         let key = super::pod_key(&written);
                         let pod = pods.get(&ObjectRef::new(&key.pod).within(&key.namespace));
                         if let Err(error) = release(&client, &written, pod.as_deref()).await {
-                            warn!(%error, "could not release a CRR past its deadline; its Pod's next pass will");
+                            warn!(error = %Chain(&error), "could not release a CRR past its deadline; its Pod's next pass will");
                         }
                         return;
                     }
@@ -242,10 +242,11 @@ impl Parts {
 
 /// The manager's part for one Pod, before the daemon's.
 pub(crate) async fn manage_pod(
-    agent: &Agent,
+    ctx: &Context,
+    store: &Store<ContainerRecreateRequest>,
     parts: &Parts,
     key: &PodKey,
-) -> Result<Outcome, AgentError> {
+) -> Result<Step, AgentError> {
     // Acting on a half-listed cache would take a Pod for gone: syncs start
     // only once every store has listed (`Agent::dispatch`). Waiting here on
     // each store's `wait_until_ready` instead left syncs waiting for good:
@@ -261,7 +262,7 @@ pub(crate) async fn manage_pod(
         }
         // Judge on the Pod as the API server has it now, as the webhook does:
         // the Pod watch may not have caught up with this CRR yet.
-        let Some(fresh) = fresh_pod(agent, key).await? else {
+        let Some(fresh) = fresh_pod(ctx, key).await? else {
             continue;
         };
         let span = info_span!(
@@ -270,16 +271,16 @@ pub(crate) async fn manage_pod(
             crr = %crr.name_any(),
             pod = %key.pod,
         );
-        accept(agent, &crr, &fresh).instrument(span).await?;
+        accept(ctx, &crr, &fresh).instrument(span).await?;
         wrote = true;
     }
 
     for crr in Parts::of_pod(&parts.finished, key) {
         if !is_finished(&crr) {
             // A refusal cut short between its label and its status.
-            match fresh_pod(agent, key).await? {
-                Some(fresh) => accept(agent, &crr, &fresh).await?,
-                None => agent.complete(&crr, "pod has gone").await?,
+            match fresh_pod(ctx, key).await? {
+                Some(fresh) => accept(ctx, &crr, &fresh).await?,
+                None => ctx.complete(&crr, Completion::PodGone).await?,
             }
             wrote = true;
             continue;
@@ -293,7 +294,7 @@ pub(crate) async fn manage_pod(
         let left = i64::from(ttl) - (Timestamp::now().as_second() - done.0.as_second());
         if left <= 0 {
             info!(crr = %crr.name_any(), "deleting after ttlSecondsAfterFinished");
-            match agent
+            match ctx
                 .api(&crr)
                 .delete(&crr.name_any(), &DeleteParams::default())
                 .await
@@ -316,26 +317,25 @@ pub(crate) async fn manage_pod(
         }
     };
     let mut confirmed: Option<Option<Pod>> = None;
-    for crr in agent
-        .store
+    for crr in store
         .state()
         .into_iter()
         .filter(|c| super::pod_key(c) == *key)
     {
         if is_finished(&crr) {
-            wrote |= release(&agent.client, &crr, pod.as_deref()).await?;
+            wrote |= release(&ctx.client, &crr, pod.as_deref()).await?;
             continue;
         }
         // The cache may lag: "gone" is confirmed with the API server first.
         let mut is_gone = gone(pod.as_deref(), &crr);
         if is_gone {
             if confirmed.is_none() {
-                confirmed = Some(fresh_pod(agent, key).await?);
+                confirmed = Some(fresh_pod(ctx, key).await?);
             }
             is_gone = gone(confirmed.as_ref().and_then(Option::as_ref), &crr);
         }
         if is_gone {
-            agent.complete(&crr, "pod has gone").await?;
+            ctx.complete(&crr, Completion::PodGone).await?;
             wrote = true;
             continue;
         }
@@ -347,23 +347,24 @@ pub(crate) async fn manage_pod(
                 .map_or(0, |t| t.0.as_second());
             let left = deadline - (Timestamp::now().as_second() - created);
             if left <= 0 {
-                agent.complete(&crr, DEADLINE_EXCEEDED).await?;
+                ctx.complete(&crr, Completion::DeadlineExceeded).await?;
                 wrote = true;
             } else {
-                parts.arm_deadline(agent, &crr, Duration::from_secs(left.unsigned_abs()));
+                let left = Duration::from_secs(left.unsigned_abs());
+                parts.arm_deadline(ctx, store, &crr, left);
             }
         }
     }
     Ok(if wrote {
-        Outcome::Wrote
+        Step::Wrote
     } else {
-        Outcome::Continue(next)
+        Step::Continue(next)
     })
 }
 
 /// The Pod as the API server has it now; `None` when it does not exist.
-async fn fresh_pod(agent: &Agent, key: &PodKey) -> Result<Option<Pod>, AgentError> {
-    Ok(Api::<Pod>::namespaced(agent.client.clone(), &key.namespace)
+async fn fresh_pod(ctx: &Context, key: &PodKey) -> Result<Option<Pod>, AgentError> {
+    Ok(Api::<Pod>::namespaced(ctx.client.clone(), &key.namespace)
         .get_opt(&key.pod)
         .await?)
 }
@@ -372,14 +373,14 @@ async fn fresh_pod(agent: &Agent, key: &PodKey) -> Result<Option<Pod>, AgentErro
 /// Completed with the webhook's message (and is labelled with its node, so
 /// that `kubectl get crr` shows it and its TTL applies).
 async fn accept(
-    agent: &Agent,
+    ctx: &Context,
     crr: &ContainerRecreateRequest,
     pod: &Pod,
 ) -> Result<(), AgentError> {
-    let runtime = agent.runtime_name().await?;
+    let runtime = ctx.runtime_name().await?;
     let uid = pod.metadata.uid.clone().unwrap_or_default();
-    let containers = agent.pod_containers(&uid, runtime).await?;
-    let api = agent.api(crr);
+    let containers = ctx.pod_containers(&uid, runtime).await?;
+    let api = ctx.api(crr);
     match admission::admit(crr, pod, &containers) {
         Ok(accepted) => {
             info!(crr = %crr.name_any(), pod = %pod.name_any(), "accepting");
@@ -405,7 +406,8 @@ async fn accept(
             let labelled = merge(&api, crr, &patch).await?;
             // A lagging cache may bring a refusal back once it is done.
             if !is_finished(&labelled) {
-                agent.complete(&labelled, &message).await?;
+                ctx.complete(&labelled, Completion::Refused(message))
+                    .await?;
             }
         }
     }
@@ -416,7 +418,7 @@ async fn accept(
 /// Pod out of service through its KruisePodReady gate (when it has one),
 /// holding a finalizer until it is given back, then stamps the time.
 pub(crate) async fn acquire_unready(
-    agent: &Agent,
+    ctx: &Context,
     parts: &Parts,
     crr: &ContainerRecreateRequest,
 ) -> Result<(), AgentError> {
@@ -429,10 +431,10 @@ pub(crate) async fn acquire_unready(
         if !finalizers.iter().any(|f| f == UNREADY_FINALIZER) {
             finalizers.push(UNREADY_FINALIZER.into());
             let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": crr.resource_version()}});
-            merge(&agent.api(crr), crr, &patch).await?;
+            merge(&ctx.api(crr), crr, &patch).await?;
         }
         set_not_ready_key(
-            &agent.client,
+            &ctx.client,
             &pod,
             &format!("{}/{}", key.namespace, crr.name_any()),
             true,
@@ -441,7 +443,7 @@ pub(crate) async fn acquire_unready(
     }
     let stamp = Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
     let patch = json!({"metadata": {"annotations": {annotations::UNREADY_ACQUIRED: stamp}}});
-    merge(&agent.api(crr), crr, &patch).await?;
+    merge(&ctx.api(crr), crr, &patch).await?;
     Ok(())
 }
 

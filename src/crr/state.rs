@@ -132,7 +132,7 @@ pub enum PassEnd {
 /// Steps F to I: walks the states in order, kills at most one container
 /// (more only when kills fail under `failurePolicy: Ignore`), and says how
 /// the pass ends. `kill` gets the container name and returns the error text.
-pub async fn kill_pass<K, F>(
+pub async fn kill_pass<K, F, E>(
     states: &[ContainerRecreateState],
     strategy: &ContainerRecreateRequestStrategy,
     containers: &PodContainers,
@@ -140,7 +140,8 @@ pub async fn kill_pass<K, F>(
 ) -> PassEnd
 where
     K: FnMut(String) -> F,
-    F: Future<Output = Result<(), String>>,
+    F: Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
 {
     let ignore = strategy.failure_policy == Some(FailurePolicy::Ignore);
     let mut next = states.to_vec();

@@ -799,6 +799,10 @@ impl FakeApiServer {
             ));
         }
         next["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"].clone();
+        if resource == Resource::Event {
+            // A repeated Event comes back as a patch with its series.
+            validate_event(&next)?;
+        }
         // Admission judges a write even when it changes nothing.
         self.admit_policies("UPDATE", &key, status, Some(&next), Some(&current))?;
         if next == current {
@@ -1463,6 +1467,8 @@ fn percent_decode(text: &str) -> String {
 /// (k8s.io/kubernetes pkg/apis/core/validation, ValidateEventCreate): an
 /// Event that breaks one is refused, and lost.
 fn validate_event(event: &Value) -> Result<(), ApiError> {
+    let invalid = |message: String| Err(ApiError::new(422, "Invalid", message));
+    let text = |field: &str| event.get(field).and_then(Value::as_str).unwrap_or("");
     for (field, limit) in [
         ("note", 1024),
         ("reportingController", 128),
@@ -1470,13 +1476,31 @@ fn validate_event(event: &Value) -> Result<(), ApiError> {
         ("action", 128),
         ("reason", 128),
     ] {
-        let len = event.get(field).and_then(Value::as_str).map_or(0, str::len);
+        let len = text(field).len();
         if len > limit {
-            return Err(ApiError::new(
-                422,
-                "Invalid",
-                format!("{field}: Too long: may not be more than {limit} bytes"),
+            return invalid(format!(
+                "{field}: Too long: may not be more than {limit} bytes"
             ));
+        }
+        if len == 0 && field != "note" {
+            return invalid(format!("{field}: Required value"));
+        }
+    }
+    if text("eventTime").is_empty() {
+        return invalid("eventTime: Required value".into());
+    }
+    if !matches!(text("type"), "Normal" | "Warning") {
+        return invalid(format!(
+            "type: Unsupported value: {:?}: supported values: \"Normal\", \"Warning\"",
+            text("type")
+        ));
+    }
+    if let Some(series) = event.get("series").filter(|s| !s.is_null()) {
+        if series["count"].as_i64().is_none_or(|count| count < 2) {
+            return invalid("series.count: Invalid value: should be at least 2".into());
+        }
+        if !series["lastObservedTime"].is_string() {
+            return invalid("series.lastObservedTime: Required value".into());
         }
     }
     Ok(())

@@ -1,0 +1,482 @@
+//! What every part of the agent works through: the API client with the
+//! CRR status writes and their expectations, the runtime, the kill engine
+//! and its records, the Event recorder and the metrics.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType, Recorder};
+use serde_json::json;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::{AgentError, is_finished};
+use crate::cri::RuntimeClient;
+use crate::cri::v1::{
+    ContainerFilter, ContainerState, ContainerStatusRequest, ListContainersRequest, VersionRequest,
+};
+use crate::crr::state::{PodContainers, RuntimeContainer};
+use crate::crr::{
+    ContainerRecreateRequest, ContainerRecreateRequestStatus, ContainerRecreateState, Phase,
+};
+use crate::kill::{self, Killer};
+use crate::metrics::{CrrOutcome, Metrics};
+use crate::reason::Recreated;
+use crate::records::Records;
+
+/// How long a lagging cache may hold back a Pod's work (kruise's
+/// `maxExpectationWaitDuration`).
+pub(crate) const EXPECTATION_WAIT: Duration = Duration::from_secs(10);
+
+/// How long to wait before each further try of an Event write that failed.
+const EVENT_RETRIES: [Duration; 4] = [
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+    Duration::from_secs(4),
+    Duration::from_secs(8),
+];
+
+/// events.k8s.io refuses a note over 1 024 bytes and a reportingInstance
+/// over 128 (an Event that breaks either is lost).
+const NOTE_LIMIT: usize = 1024;
+pub(crate) const INSTANCE_LIMIT: usize = 128;
+
+/// kruise's message when a CRR outlives its `activeDeadlineSeconds`.
+pub(crate) const DEADLINE_EXCEEDED: &str = "recreating has exceeded the activeDeadlineSeconds";
+
+/// Why a CRR ends: its message, and how it counts in
+/// `crr_proxy_crr_recreations_total`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Completion {
+    /// Every container is done; it counts as failed if one of them failed.
+    Recreated,
+    /// The Pod was deleted, or replaced by another of its name.
+    PodGone,
+    DeadlineExceeded,
+    /// Refused or impossible, with kruise's message.
+    Refused(String),
+}
+
+impl Completion {
+    pub(crate) fn message(&self) -> &str {
+        match self {
+            Completion::Recreated => "",
+            Completion::PodGone => "pod has gone",
+            Completion::DeadlineExceeded => DEADLINE_EXCEEDED,
+            Completion::Refused(message) => message,
+        }
+    }
+
+    fn outcome(&self, crr: &ContainerRecreateRequest) -> CrrOutcome {
+        match self {
+            Completion::Recreated => {
+                let failed = crr.status.as_ref().is_some_and(|s| {
+                    s.container_recreate_states
+                        .iter()
+                        .any(|c| c.phase == Phase::Failed)
+                });
+                if failed {
+                    CrrOutcome::Failed
+                } else {
+                    CrrOutcome::Succeeded
+                }
+            }
+            Completion::PodGone => CrrOutcome::PodGone,
+            Completion::DeadlineExceeded => CrrOutcome::DeadlineExceeded,
+            Completion::Refused(_) => CrrOutcome::Refused,
+        }
+    }
+}
+
+/// What a kill keeps on the node's disk.
+pub(crate) struct KillRecords {
+    /// The containers stopped for CRRs (`reason`).
+    pub(crate) recreated: Arc<Recreated>,
+    /// Which container's kill began for which CRR (by uid), so that its
+    /// preStop hook runs at most once across restarts and crashes.
+    pub(crate) kills: Arc<Records>,
+}
+
+pub(crate) struct Context {
+    pub(crate) client: kube::Client,
+    cri: RuntimeClient,
+    runtime_name: tokio::sync::OnceCell<String>,
+    pub(crate) killer: Killer,
+    pub(crate) records: KillRecords,
+    recorder: Recorder,
+    pub(crate) metrics: Arc<Metrics>,
+    /// Per CRR uid: the resourceVersion of our last write and when.
+    expectations: Mutex<HashMap<String, (u64, Instant)>>,
+    /// When the agent first saw each CRR (by uid), for seen-to-stopped.
+    first_seen: Mutex<HashMap<String, Instant>>,
+}
+
+impl Context {
+    pub(crate) fn new(
+        client: kube::Client,
+        cri: RuntimeClient,
+        killer: Killer,
+        records: KillRecords,
+        recorder: Recorder,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            client,
+            cri,
+            runtime_name: tokio::sync::OnceCell::new(),
+            killer,
+            records,
+            recorder,
+            metrics,
+            expectations: Mutex::new(HashMap::new()),
+            first_seen: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub(crate) fn api(&self, crr: &ContainerRecreateRequest) -> Api<ContainerRecreateRequest> {
+        Api::namespaced(self.client.clone(), &crr.namespace().unwrap_or_default())
+    }
+
+    // --- the runtime ---
+
+    /// The runtime's name (`containerd`), as in containerIDs' prefix.
+    pub(crate) async fn runtime_name(&self) -> Result<&str, AgentError> {
+        let name = self
+            .runtime_name
+            .get_or_try_init(|| async {
+                let version = self
+                    .cri
+                    .clone()
+                    .version(VersionRequest::default())
+                    .await
+                    .map_err(|status| AgentError::Runtime {
+                        call: "Version",
+                        status,
+                    })?;
+                Ok::<_, AgentError>(version.into_inner().runtime_name)
+            })
+            .await?;
+        Ok(name.as_str())
+    }
+
+    /// The Pod's containers on this node (all states), as kubelet's
+    /// GetPodStatus reads them.
+    pub(crate) async fn pod_containers(
+        &self,
+        pod_uid: &str,
+        runtime: &str,
+    ) -> Result<PodContainers, AgentError> {
+        let mut cri = self.cri.clone();
+        let listed = cri
+            .list_containers(ListContainersRequest {
+                filter: Some(ContainerFilter {
+                    label_selector: HashMap::from([(
+                        kill::keys::POD_UID.to_owned(),
+                        pod_uid.to_owned(),
+                    )]),
+                    ..Default::default()
+                }),
+            })
+            .await
+            .map_err(|status| AgentError::Runtime {
+                call: "ListContainers",
+                status,
+            })?
+            .into_inner()
+            .containers;
+        let mut containers = Vec::with_capacity(listed.len());
+        for container in listed {
+            let status = cri
+                .container_status(ContainerStatusRequest {
+                    container_id: container.id.clone(),
+                    verbose: false,
+                })
+                .await
+                .map_err(|status| AgentError::Runtime {
+                    call: "ContainerStatus",
+                    status,
+                })?
+                .into_inner()
+                .status
+                .unwrap_or_default();
+            let state = status.state();
+            containers.push(RuntimeContainer {
+                id: format!("{runtime}://{}", status.id),
+                name: status
+                    .labels
+                    .get(kill::keys::CONTAINER_NAME)
+                    .cloned()
+                    .unwrap_or_default(),
+                restart_count: status
+                    .annotations
+                    .get(kill::keys::RESTART_COUNT)
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0),
+                state,
+                created_at: status.created_at,
+                started_at: (state != ContainerState::ContainerCreated)
+                    .then_some(status.started_at),
+            });
+        }
+        Ok(PodContainers::new(containers))
+    }
+
+    // --- Events ---
+
+    /// Records an Event on `reference`; a write the API server refuses is
+    /// tried again in the background, so that the caller goes on.
+    pub(crate) async fn event(
+        &self,
+        reference: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        let note = truncated(note, NOTE_LIMIT, " ...");
+        let event = || Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note.clone()),
+            action: reason.into(),
+            secondary: None,
+        };
+        let Err(error) = self.recorder.publish(&event(), reference).await else {
+            return;
+        };
+        // kube's client retries 429 and 503 by itself; other failures (a 500
+        // from an API server under load) are retried here, a few times as
+        // client-go's broadcaster does.
+        debug!(%error, reason, "could not record an Event; retrying");
+        let (recorder, reference, event) = (self.recorder.clone(), reference.clone(), event());
+        tokio::spawn(async move {
+            let mut last = error;
+            for delay in EVENT_RETRIES {
+                tokio::time::sleep(delay).await;
+                match recorder.publish(&event, &reference).await {
+                    Ok(()) => return,
+                    Err(error) => last = error,
+                }
+            }
+            warn!(error = %last, reason = %event.reason, "could not record an Event");
+        });
+    }
+
+    // --- status writes (§2.3.4) ---
+
+    /// A full status update from the cached object: a conflict means the
+    /// cache is behind, and the back-off retries with a fresher copy.
+    pub(crate) async fn set_phase(
+        &self,
+        crr: &ContainerRecreateRequest,
+        phase: Phase,
+    ) -> Result<(), AgentError> {
+        let mut next = crr.clone();
+        next.status
+            .get_or_insert_with(ContainerRecreateRequestStatus::default)
+            .phase = phase.clone();
+        debug!(crr = %crr.name_any(), ?phase, "setting phase");
+        let written = self
+            .api(crr)
+            .replace_status(&crr.name_any(), &PostParams::default(), &next)
+            .await?;
+        self.expect(&written);
+        Ok(())
+    }
+
+    pub(crate) async fn complete(
+        &self,
+        crr: &ContainerRecreateRequest,
+        why: Completion,
+    ) -> Result<(), AgentError> {
+        let written = complete(&self.api(crr), crr, &why).await?;
+        // The expectation stays until the cache shows the completion: a
+        // sync that reads the copy from before leaves the CRR alone.
+        self.expect(&written);
+        self.completed(&written, &why);
+        Ok(())
+    }
+
+    /// Counts a completion written by `complete` (here or elsewhere).
+    pub(crate) fn completed(&self, written: &ContainerRecreateRequest, why: &Completion) {
+        self.metrics.crr_completed(why.outcome(written));
+        if let (Some(uid), Ok(mut seen)) = (written.uid(), self.first_seen.lock()) {
+            seen.remove(&uid);
+        }
+    }
+
+    /// A merge patch of the whole state list; nothing else is touched.
+    pub(crate) async fn patch_states(
+        &self,
+        crr: &ContainerRecreateRequest,
+        states: &[ContainerRecreateState],
+    ) -> Result<(), AgentError> {
+        let patch = json!({"status": {"containerRecreateStates": states}});
+        let written = self
+            .api(crr)
+            .patch_status(
+                &crr.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        self.expect(&written);
+        Ok(())
+    }
+
+    // --- resourceVersion expectations, and first sight ---
+
+    fn expect(&self, written: &ContainerRecreateRequest) {
+        if let (Some(uid), Some(rv)) = (written.uid(), resource_version(written)) {
+            if let Ok(mut expectations) = self.expectations.lock() {
+                expectations.insert(uid, (rv, Instant::now()));
+            }
+        }
+    }
+
+    /// Notes a CRR's arrival (for seen-to-stopped).
+    pub(crate) fn seen(&self, crr: &ContainerRecreateRequest) {
+        if let (Some(uid), Ok(mut seen)) = (crr.uid(), self.first_seen.lock()) {
+            if !is_finished(crr) {
+                seen.entry(uid).or_insert_with(Instant::now);
+            }
+        }
+    }
+
+    /// When the agent first saw `crr`, while it is active.
+    pub(crate) fn first_seen(&self, crr: &ContainerRecreateRequest) -> Option<Instant> {
+        let uid = crr.uid()?;
+        self.first_seen.lock().ok()?.get(&uid).copied()
+    }
+
+    /// Drops what the agent remembers of a deleted or finished CRR.
+    pub(crate) fn forget(&self, crr: &ContainerRecreateRequest) {
+        if let (Some(uid), Ok(mut expectations)) = (crr.uid(), self.expectations.lock()) {
+            expectations.remove(&uid);
+        }
+        if let (Some(uid), Ok(mut seen)) = (crr.uid(), self.first_seen.lock()) {
+            seen.remove(&uid);
+        }
+    }
+
+    /// False while the cached copy is older than our last write to it.
+    pub(crate) fn is_current(&self, crr: &ContainerRecreateRequest) -> bool {
+        let (Some(uid), Ok(mut expectations)) = (crr.uid(), self.expectations.lock()) else {
+            return true;
+        };
+        let Some((expected, since)) = expectations.get(&uid).copied() else {
+            return true;
+        };
+        let caught_up = resource_version(crr).is_some_and(|rv| rv >= expected);
+        if caught_up || since.elapsed() > EXPECTATION_WAIT {
+            expectations.remove(&uid);
+            return true;
+        }
+        false
+    }
+}
+
+/// A CRR's completion: a full status update (phase, completionTime,
+/// message) from `crr`, as kruise writes it.
+pub(crate) async fn complete(
+    api: &Api<ContainerRecreateRequest>,
+    crr: &ContainerRecreateRequest,
+    why: &Completion,
+) -> Result<ContainerRecreateRequest, kube::Error> {
+    let mut next = crr.clone();
+    let status = next
+        .status
+        .get_or_insert_with(ContainerRecreateRequestStatus::default);
+    status.phase = Phase::Completed;
+    status.completion_time = Some(Time(Timestamp::now()));
+    status.message = why.message().to_owned();
+    info!(crr = %crr.name_any(), message = why.message(), "completing");
+    api.replace_status(&crr.name_any(), &PostParams::default(), &next)
+        .await
+}
+
+fn resource_version(crr: &ContainerRecreateRequest) -> Option<u64> {
+    crr.resource_version().and_then(|rv| rv.parse().ok())
+}
+
+/// `text` cut to at most `limit` bytes, ending in `suffix` when cut, as the
+/// scheduler cuts its Event notes (here on a character boundary).
+pub(crate) fn truncated(mut text: String, limit: usize, suffix: &str) -> String {
+    if text.len() <= limit {
+        return text;
+    }
+    let mut end = limit.saturating_sub(suffix.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.push_str(suffix);
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_notes_and_instances_are_cut_to_what_the_api_server_takes() {
+        let long = "é".repeat(700);
+        let note = truncated(long.clone(), NOTE_LIMIT, " ...");
+        assert!(
+            note.len() <= NOTE_LIMIT && note.ends_with(" ..."),
+            "{}",
+            note.len()
+        );
+        assert!(long.starts_with(note.trim_end_matches(" ...")));
+        assert_eq!(truncated("short".into(), NOTE_LIMIT, " ..."), "short");
+        let node = truncated("n".repeat(253), INSTANCE_LIMIT, "");
+        assert_eq!(node.len(), INSTANCE_LIMIT);
+    }
+
+    #[test]
+    fn completions_say_kruises_messages_and_count_by_kind() {
+        let crr = |phase: Phase| -> ContainerRecreateRequest {
+            serde_json::from_value(json!({
+                "metadata": {"name": "c"},
+                "spec": {"podName": "p", "containers": [{"name": "app"}]},
+                "status": {"phase": "Recreating", "containerRecreateStates": [{"name": "app", "phase": phase}]}}))
+            .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let cases = [
+            (
+                Completion::Recreated,
+                Phase::Succeeded,
+                "",
+                CrrOutcome::Succeeded,
+            ),
+            (Completion::Recreated, Phase::Failed, "", CrrOutcome::Failed),
+            (
+                Completion::PodGone,
+                Phase::Recreating,
+                "pod has gone",
+                CrrOutcome::PodGone,
+            ),
+            (
+                Completion::DeadlineExceeded,
+                Phase::Recreating,
+                DEADLINE_EXCEEDED,
+                CrrOutcome::DeadlineExceeded,
+            ),
+            (
+                Completion::Refused("can not recreate app multi times".into()),
+                Phase::Pending,
+                "can not recreate app multi times",
+                CrrOutcome::Refused,
+            ),
+        ];
+        for (why, phase, message, outcome) in cases {
+            assert_eq!(why.message(), message);
+            assert_eq!(why.outcome(&crr(phase)), outcome, "{why:?}");
+        }
+    }
+}

@@ -1,0 +1,394 @@
+//! kruise-daemon's part for one Pod (crr-semantics.md §2.3): pick the CRR
+//! to work on, move it to Recreating, wait out the unready grace, publish
+//! the per-container states, kill one container per pass, complete. The
+//! decisions are `crr::state`'s; this is their I/O.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::core::v1::{LifecycleHandler, ObjectReference};
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::Store;
+use kube::{Resource, ResourceExt};
+use tracing::{Instrument, info, info_span, warn};
+
+use super::context::{Completion, Context, EXPECTATION_WAIT};
+use super::manager::Manager;
+use super::queue::Next;
+use super::{AgentError, PodKey, is_finished, phase};
+use crate::crr::state::{self, Candidate, PassEnd};
+use crate::crr::{ContainerRecreateRequest, Phase, annotations, labels};
+use crate::kill::{HookResult, KillError, KillRequest};
+use crate::telemetry::Chain;
+
+/// Why a container of a CRR could not be killed; its text goes into the
+/// container's state, after kruise's `kill container error: `.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum KillFailure {
+    #[error("no runtime container for {0}")]
+    NoContainer(String),
+    /// The kill engine's error, the runtime's container ID replaced by the
+    /// container's name (its text is the whole message: no source).
+    #[error("{}", .error.to_string().replace(.id.as_str(), .name.as_str()))]
+    Kill {
+        id: String,
+        name: String,
+        error: KillError,
+    },
+}
+
+/// The daemon's view: the CRRs of this node, and who does the manager's part.
+pub(crate) struct Daemon<'a> {
+    pub(crate) ctx: &'a Context,
+    pub(crate) manager: &'a Manager,
+    pub(crate) store: &'a Store<ContainerRecreateRequest>,
+}
+
+impl Daemon<'_> {
+    /// kruise-daemon's `sync` for one Pod.
+    pub(crate) async fn sync(&self, key: &PodKey) -> Result<Next, AgentError> {
+        let crrs: Vec<Arc<ContainerRecreateRequest>> = self
+            .store
+            .state()
+            .into_iter()
+            .filter(|c| super::pod_key(c) == *key)
+            .collect();
+        if crrs.is_empty() {
+            return Ok(Next::Done);
+        }
+        let candidates: Vec<Candidate> = crrs
+            .iter()
+            .map(|c| Candidate {
+                name: c.name_any(),
+                phase: phase(c),
+                created: c
+                    .meta()
+                    .creation_timestamp
+                    .as_ref()
+                    .map_or(0, |t| t.0.as_second()),
+                finished: is_finished(c),
+            })
+            .collect();
+        for crr in crrs.iter().filter(|c| is_finished(c)) {
+            self.ctx.forget(crr);
+        }
+        let by_name = |name: &str| crrs.iter().find(|c| c.name_any() == name);
+        let picked = state::pick(&candidates, |name| {
+            by_name(name).is_none_or(|c| self.ctx.is_current(c))
+        });
+        for name in &picked.set_pending {
+            if let Some(crr) = by_name(name) {
+                self.ctx.set_phase(crr, Phase::Pending).await?;
+            }
+        }
+        let Some(crr) = picked.picked.as_deref().and_then(by_name) else {
+            // Held back by a lagging cache: its watch event brings us back;
+            // if it never comes, the expectation lapses.
+            return Ok(Next::After(EXPECTATION_WAIT));
+        };
+        let span = info_span!(
+            "crr",
+            namespace = %crr.namespace().unwrap_or_default(),
+            crr = %crr.name_any(),
+            pod = %crr.spec.pod_name,
+        );
+        self.work_on(crr).instrument(span).await
+    }
+
+    /// The picked CRR: Recreating, the unready grace, then steps A to I.
+    async fn work_on(&self, crr: &ContainerRecreateRequest) -> Result<Next, AgentError> {
+        if phase(crr) != Phase::Recreating {
+            self.ctx.set_phase(crr, Phase::Recreating).await?;
+            return Ok(Next::Done);
+        }
+        if let Some(grace) = crr
+            .spec
+            .strategy
+            .as_ref()
+            .and_then(|s| s.unready_grace_period_seconds)
+        {
+            // An empty stamp is none (kruise waits for it, too).
+            let stamp = crr
+                .annotations()
+                .get(annotations::UNREADY_ACQUIRED)
+                .filter(|stamp| !stamp.is_empty());
+            let Some(stamp) = stamp else {
+                self.manager.make_unready(self.ctx, crr).await?;
+                return Ok(Next::Done);
+            };
+            let acquired = match stamp.parse::<Timestamp>() {
+                Ok(at) => at,
+                Err(error) => {
+                    let message = format!("failed to parse unready time {stamp}: {error}");
+                    self.ctx.complete(crr, Completion::Refused(message)).await?;
+                    return Ok(Next::Done);
+                }
+            };
+            let waited = Timestamp::now().as_millisecond() - acquired.as_millisecond();
+            let left = grace.saturating_mul(1000).saturating_sub(waited);
+            if left > 0 {
+                let left = Duration::from_millis(u64::try_from(left).unwrap_or(u64::MAX));
+                return Ok(Next::After(left + Duration::from_millis(100)));
+            }
+        }
+        self.recreate(crr).await
+    }
+
+    /// Steps A to I for the picked CRR.
+    async fn recreate(&self, crr: &ContainerRecreateRequest) -> Result<Next, AgentError> {
+        let runtime = self.ctx.runtime_name().await?;
+        if let Err(reason) = check_runtime(crr, runtime) {
+            let message = format!("failed to find runtime service: {reason}");
+            self.ctx.complete(crr, Completion::Refused(message)).await?;
+            return Ok(Next::Done);
+        }
+        let pod_uid = crr
+            .labels()
+            .get(labels::POD_UID)
+            .cloned()
+            .unwrap_or_default();
+        let containers = self.ctx.pod_containers(&pod_uid, runtime).await?;
+        let sync = self.manager.container_statuses(crr);
+        let previous = crr
+            .status
+            .as_ref()
+            .map(|s| s.container_recreate_states.clone())
+            .unwrap_or_default();
+        let states = state::current_states(&crr.spec, &previous, &containers, &sync, now_nanos());
+        if states != previous {
+            // Publish the states before any kill.
+            self.ctx.patch_states(crr, &states).await?;
+            return Ok(Next::Done);
+        }
+        let strategy = crr.spec.strategy.clone().unwrap_or_default();
+        let end = state::kill_pass(&states, &strategy, &containers, |name| {
+            self.kill(crr, containers.newest(&name).map(|c| c.id.clone()), name)
+        })
+        .await;
+        Ok(match end {
+            PassEnd::Patch(states) => {
+                self.ctx.patch_states(crr, &states).await?;
+                Next::Done
+            }
+            PassEnd::Complete => {
+                self.ctx.complete(crr, Completion::Recreated).await?;
+                Next::Done
+            }
+            PassEnd::Requeue(after) => Next::After(after),
+            PassEnd::Wait => Next::Done,
+        })
+    }
+
+    /// Kills one container of `crr` (synchronously: preStop, then stop).
+    fn kill(
+        &self,
+        crr: &ContainerRecreateRequest,
+        runtime_id: Option<String>,
+        name: String,
+    ) -> impl Future<Output = Result<(), KillFailure>> + use<'_> {
+        let ctx = self.ctx;
+        let crr_key = format!("{}/{}", crr.namespace().unwrap_or_default(), crr.name_any());
+        let crr_uid = crr.uid();
+        let seen = ctx.first_seen(crr);
+        let message = format!(
+            "Stopping container {name} by ContainerRecreateRequest {}",
+            crr.name_any()
+        );
+        let spec = crr.spec.containers.iter().find(|c| c.name == name).cloned();
+        let grace_period = crr
+            .spec
+            .strategy
+            .as_ref()
+            .and_then(|s| s.termination_grace_period_seconds);
+        let reference = ObjectReference {
+            kind: Some("Pod".into()),
+            api_version: Some("v1".into()),
+            namespace: crr.namespace(),
+            name: Some(crr.spec.pod_name.clone()),
+            uid: crr.labels().get(labels::POD_UID).cloned(),
+            field_path: Some(format!("spec.containers{{{name}}}")),
+            ..Default::default()
+        };
+        async move {
+            let id = runtime_id
+                .as_deref()
+                .and_then(|id| id.split_once("://").map(|(_, id)| id.to_owned()))
+                .ok_or_else(|| KillFailure::NoContainer(name.clone()))?;
+            // A kill that began before a restart (its hook perhaps cut short)
+            // goes straight to StopContainer: the hook runs at most once.
+            let kills = &ctx.records.kills;
+            let resumed = crr_uid
+                .as_deref()
+                .is_some_and(|uid| kills.get(&id).as_deref() == Some(uid));
+            if let (false, Some(uid)) = (resumed, crr_uid.as_deref()) {
+                if let Err(error) = kills.insert(&id, uid) {
+                    warn!(error = %Chain(&error), "a restart during this kill would run its preStop hook again");
+                }
+            }
+            let request = KillRequest {
+                skip_pre_stop: resumed,
+                grace_period,
+                // The webhook's copy of the Pod's preStop; without one, the
+                // container's own annotation (which may hold `sleep`). The
+                // webhook copies a sleep-only preStop as `{}`: that is none.
+                pre_stop: spec
+                    .as_ref()
+                    .and_then(|c| c.pre_stop.as_ref())
+                    .filter(|p| p.exec.is_some() || p.http_get.is_some() || p.tcp_socket.is_some())
+                    .map(|p| LifecycleHandler {
+                        exec: p.exec.clone(),
+                        http_get: p.http_get.clone(),
+                        tcp_socket: p.tcp_socket.clone(),
+                        ..Default::default()
+                    }),
+                ports: spec
+                    .as_ref()
+                    .map(|c| c.ports.clone())
+                    .filter(|p| !p.is_empty()),
+                message: Some(message.clone()),
+            };
+            ctx.event(&reference, EventType::Normal, "Killing", message)
+                .await;
+            let outcome =
+                ctx.killer
+                    .kill(&id, request)
+                    .await
+                    .map_err(|error| KillFailure::Kill {
+                        id: id.clone(),
+                        name: name.clone(),
+                        error,
+                    })?;
+            if let Some(hook) = &outcome.hook {
+                if let HookResult::Failed(text) = &hook.result {
+                    let note = text.replace(&id, &name);
+                    ctx.event(&reference, EventType::Warning, "FailedPreStopHook", note)
+                        .await;
+                }
+                if hook.http_fallback {
+                    let note = "HTTP lifecycle hook for preStop fell back to HTTP: the server answered HTTPS in plain HTTP";
+                    ctx.event(
+                        &reference,
+                        EventType::Warning,
+                        "LifecycleHTTPFallback",
+                        note.into(),
+                    )
+                    .await;
+                }
+                let failed = !matches!(hook.result, HookResult::Succeeded);
+                ctx.metrics.pre_stop_finished(hook.took, failed);
+            }
+            if outcome.stop_timeout.is_some() {
+                if let Some(seen) = seen {
+                    ctx.metrics.container_stopped(seen.elapsed());
+                }
+                // StopContainer went out: from now on kubelet is told why.
+                if let Err(error) = ctx.records.recreated.record(&id, &crr_key) {
+                    warn!(error = %Chain(&error), "the restart reason will not survive a restart");
+                }
+            }
+            info!(container = %name, after = ?outcome.after, "container killed");
+            Ok(())
+        }
+    }
+}
+
+fn now_nanos() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// Step A: every container must name this node's runtime in its
+/// statusContext's containerID (`<runtime>://<id>`).
+fn check_runtime(crr: &ContainerRecreateRequest, runtime: &str) -> Result<(), String> {
+    let mut found: Option<&str> = None;
+    for container in &crr.spec.containers {
+        let id = container
+            .status_context
+            .as_ref()
+            .map(|c| c.container_id.as_str())
+            .filter(|id| !id.is_empty())
+            .ok_or_else(|| {
+                format!(
+                    "no statusContext or empty containerID in {} container",
+                    container.name
+                )
+            })?;
+        let parts: Vec<&str> = id.split("://").collect();
+        let [kind, _] = parts.as_slice() else {
+            return Err(format!(
+                "failed to parse containerID {id} in {} container",
+                container.name
+            ));
+        };
+        match found {
+            Some(seen) if seen != *kind => {
+                return Err(format!("has different runtime types {seen}, {kind} in Pod"));
+            }
+            _ => found = Some(kind),
+        }
+    }
+    match found {
+        None => Err("no runtime type found in Pod".into()),
+        Some(kind) if kind != runtime => {
+            Err(format!("not found runtime service for {kind} in daemon"))
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crr::{ContainerRecreateRequestContainer, ContainerRecreateRequestContainerContext};
+
+    fn crr(ids: &[(&str, Option<&str>)]) -> ContainerRecreateRequest {
+        let mut crr = ContainerRecreateRequest::new("c", Default::default());
+        crr.spec.containers = ids
+            .iter()
+            .map(|(name, id)| ContainerRecreateRequestContainer {
+                name: (*name).into(),
+                status_context: id.map(|id| ContainerRecreateRequestContainerContext {
+                    container_id: id.into(),
+                    restart_count: 0,
+                }),
+                ..Default::default()
+            })
+            .collect();
+        crr
+    }
+
+    #[test]
+    fn runtime_checks_use_kruises_messages() {
+        let ok = crr(&[("a", Some("containerd://1")), ("b", Some("containerd://2"))]);
+        assert_eq!(check_runtime(&ok, "containerd"), Ok(()));
+        let cases = [
+            (
+                crr(&[("a", None)]),
+                "no statusContext or empty containerID in a container",
+            ),
+            (
+                crr(&[("a", Some(""))]),
+                "no statusContext or empty containerID in a container",
+            ),
+            (
+                crr(&[("a", Some("abc"))]),
+                "failed to parse containerID abc in a container",
+            ),
+            (
+                crr(&[("a", Some("containerd://1")), ("b", Some("docker://2"))]),
+                "has different runtime types containerd, docker in Pod",
+            ),
+            (crr(&[]), "no runtime type found in Pod"),
+            (
+                crr(&[("a", Some("cri-o://1"))]),
+                "not found runtime service for cri-o in daemon",
+            ),
+        ];
+        for (crr, message) in cases {
+            assert_eq!(check_runtime(&crr, "containerd"), Err(message.to_owned()));
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! The duties OpenKruise's webhook and kruise-manager have next to
+//! kruise-daemon: with OpenKruise installed (`Mode::Kruise`) they are theirs,
+//! and the daemon reads what they write; alone (`Mode::Standalone`),
+//! crr-proxy does them for the CRRs of its node (`standalone`). The daemon
+//! asks this type, never the mode.
+
+use std::collections::HashMap;
+
+use kube::ResourceExt;
+use kube::runtime::reflector::Store;
+use tracing::debug;
+
+use super::context::Context;
+use super::queue::Next;
+use super::standalone;
+use super::{AgentError, Mode, PodKey};
+use crate::crr::{ContainerRecreateRequest, SyncContainerStatus, annotations};
+
+pub(crate) enum Manager {
+    /// kruise-manager and its webhook do it.
+    Kruise,
+    /// crr-proxy does it, from the stores of its extra watches.
+    Standalone(standalone::Parts),
+}
+
+/// How the manager's part of a pass ended.
+pub(crate) enum Step {
+    /// Something was written: its watch event brings the Pod back.
+    Wrote,
+    /// Nothing to write; carry on with the daemon's part, and come back by then.
+    Continue(Next),
+}
+
+impl Manager {
+    /// The manager for `mode`, and in standalone mode the watches that feed
+    /// its stores.
+    pub(crate) fn new(
+        mode: Mode,
+        client: &kube::Client,
+        node: &str,
+    ) -> (Self, Option<standalone::Streams>) {
+        match mode {
+            Mode::Kruise => (Manager::Kruise, None),
+            Mode::Standalone => {
+                let (parts, streams) = standalone::watches(client, node);
+                (Manager::Standalone(parts), Some(streams))
+            }
+        }
+    }
+
+    /// The manager's part of a pass over one Pod, before the daemon's:
+    /// accepting new CRRs, "pod has gone", deadlines, releasing what a
+    /// finished CRR held, the TTL.
+    pub(crate) async fn pass(
+        &self,
+        ctx: &Context,
+        store: &Store<ContainerRecreateRequest>,
+        key: &PodKey,
+    ) -> Result<Step, AgentError> {
+        match self {
+            Manager::Kruise => Ok(Step::Continue(Next::Done)),
+            Manager::Standalone(parts) => standalone::manage_pod(ctx, store, parts, key).await,
+        }
+    }
+
+    /// A Recreating CRR with `unreadyGracePeriodSeconds` and no stamp yet:
+    /// take the Pod out of service and stamp the time.
+    pub(crate) async fn make_unready(
+        &self,
+        ctx: &Context,
+        crr: &ContainerRecreateRequest,
+    ) -> Result<(), AgentError> {
+        match self {
+            Manager::Kruise => {
+                debug!("waiting for kruise-manager to make the Pod not ready");
+                Ok(())
+            }
+            Manager::Standalone(parts) => standalone::acquire_unready(ctx, parts, crr).await,
+        }
+    }
+
+    /// What is known of the CRR's containers in the Pod (§1.7): the
+    /// annotation kruise-manager keeps on the CRR, or in standalone mode
+    /// the Pod's own status.
+    pub(crate) fn container_statuses(
+        &self,
+        crr: &ContainerRecreateRequest,
+    ) -> HashMap<String, SyncContainerStatus> {
+        match self {
+            Manager::Kruise => crr
+                .annotations()
+                .get(annotations::SYNC_CONTAINER_STATUSES)
+                .and_then(|raw| serde_json::from_str::<Vec<SyncContainerStatus>>(raw).ok())
+                .unwrap_or_default()
+                .into_iter()
+                .map(|s| (s.name.clone(), s))
+                .collect(),
+            Manager::Standalone(parts) => parts.sync_statuses(&super::pod_key(crr)),
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! Feeding the watches into the per-Pod queue, and knowing when every
+//! watch has listed once.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use futures_util::StreamExt;
+use kube::runtime::watcher;
+use tokio::sync::watch;
+use tracing::warn;
+
+use super::backoff::WatchBackoff;
+use super::{Agent, PodKey, pod_key};
+use crate::crr::ContainerRecreateRequest;
+
+/// Turns true once every watch has synced once.
+pub(crate) struct SyncGate {
+    waiting: Mutex<usize>,
+    synced: watch::Sender<bool>,
+}
+
+impl SyncGate {
+    pub(crate) fn new(watches: usize, synced: watch::Sender<bool>) -> Self {
+        Self {
+            waiting: Mutex::new(watches),
+            synced,
+        }
+    }
+
+    /// Returns once every watch has synced once.
+    pub(crate) async fn wait(&self) {
+        let mut synced = self.synced.subscribe();
+        let _ = synced.wait_for(|synced| *synced).await;
+    }
+
+    fn one_synced(&self) {
+        if let Ok(mut waiting) = self.waiting.lock() {
+            *waiting = waiting.saturating_sub(1);
+            if *waiting == 0 {
+                let _ = self.synced.send(true);
+            }
+        }
+    }
+}
+
+/// Something the agent watches: which Pod an object's change concerns.
+pub(crate) trait Watched {
+    fn pod_key(&self) -> Option<PodKey>;
+    /// Note the object's arrival.
+    fn seen(&self, _agent: &Agent) {}
+    /// Drop what the agent remembers of a deleted object.
+    fn forget(&self, _agent: &Agent) {}
+}
+
+impl Watched for ContainerRecreateRequest {
+    fn pod_key(&self) -> Option<PodKey> {
+        Some(pod_key(self))
+    }
+
+    fn seen(&self, agent: &Agent) {
+        agent.ctx.seen(self);
+    }
+
+    fn forget(&self, agent: &Agent) {
+        agent.ctx.forget(self);
+    }
+}
+
+/// Feeds one watch into the queue. Every change, deletions and finished CRRs
+/// included, wakes its Pod: kruise ignores those, which leaves the Pod's
+/// next CRR Pending until something else touches it (#1626, #2474).
+///
+/// A listing (at start, and the relist after a 410) reaches the reflector's
+/// store only whole, at `InitDone`: a sync started by an `InitApply` would
+/// read the store from before. So the Pods of a listing are queued at its
+/// `InitDone`, together with the Pods of the listing before (a CRR of theirs
+/// may have gone meanwhile).
+pub(crate) async fn follow<K, S>(
+    events: S,
+    what: &'static str,
+    agent: Arc<Agent>,
+    gate: Arc<SyncGate>,
+) where
+    K: Watched,
+    S: futures_util::Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+{
+    let mut events = std::pin::pin!(events);
+    let mut backoff = WatchBackoff::default();
+    let mut synced = false;
+    // The Pods of the listing under way, and of the last one (and since).
+    let mut listing = HashSet::new();
+    let mut listed = HashSet::new();
+    while let Some(event) = events.next().await {
+        if event.is_ok() {
+            backoff.reset();
+        }
+        match event {
+            Ok(watcher::Event::InitApply(obj)) => {
+                obj.seen(&agent);
+                listing.extend(obj.pod_key());
+            }
+            Ok(watcher::Event::Apply(obj)) => {
+                obj.seen(&agent);
+                if let Some(key) = obj.pod_key() {
+                    listed.insert(key.clone());
+                    agent.queue.add(key);
+                }
+            }
+            Ok(watcher::Event::Delete(obj)) => {
+                obj.forget(&agent);
+                if let Some(key) = obj.pod_key() {
+                    agent.queue.add(key);
+                }
+            }
+            Ok(watcher::Event::InitDone) => {
+                let fresh = std::mem::take(&mut listing);
+                for key in listed.drain().chain(fresh.iter().cloned()) {
+                    agent.queue.add(key);
+                }
+                listed = fresh;
+                if !synced {
+                    synced = true;
+                    gate.one_synced();
+                }
+            }
+            Ok(watcher::Event::Init) => listing.clear(),
+            // The watcher re-lists (410 Gone) or watches again once polled;
+            // the reflector keeps the last state meanwhile.
+            Err(error) => {
+                let delay = backoff.after(&error);
+                warn!(%error, what, ?delay, "watch failed; retrying");
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+    warn!(what, "watch ended");
+}
