@@ -30,7 +30,10 @@ for file in tests/*.rs; do
   fi
 done
 echo "== the containerd tests, containerd $("$CRR_TEST_CONTAINERD2/containerd" --version | awk '{ print $3 }')"
-CRR_TEST_CONTAINERD="$CRR_TEST_CONTAINERD2" cargo test --locked "${containerd_tests[@]}" 2>&1 |
+# The agent scenarios on a v1beta1 cluster differ from the v1.9 ones in the
+# API server only; the v1.9 ones cover containerd 2.x.
+CRR_TEST_CONTAINERD="$CRR_TEST_CONTAINERD2" cargo test --locked "${containerd_tests[@]}" -- \
+  --skip kruise_master:: --skip standalone_v1beta1:: 2>&1 |
   tee -a "$log" || status=$?
 awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
 exit "$status"

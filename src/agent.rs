@@ -35,7 +35,6 @@ mod watches;
 use std::future::Future;
 use std::sync::Arc;
 
-use kube::api::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
@@ -47,6 +46,7 @@ use tracing::{Instrument, error, info, info_span, warn};
 use crate::config::AgentSettings;
 use crate::cri::Endpoint;
 use crate::cri::RuntimeClient;
+use crate::crr::client::{ApiVersion, CrrClient};
 use crate::crr::{ContainerRecreateRequest, Phase, labels};
 use crate::kill::Killer;
 use crate::metrics::Metrics;
@@ -243,26 +243,30 @@ pub async fn run(
         metrics,
     } = config;
     let selector = format!("{}={node_name},{}=true", labels::NODE_NAME, labels::ACTIVE);
+    tokio::pin!(shutdown);
+    let version = tokio::select! {
+        version = discover(&client) => version,
+        () = &mut shutdown => return,
+    };
+    let crrs = CrrClient::new(client.clone(), version);
     let (store, writer) = reflector::store();
-    let active = watcher(
-        Api::<ContainerRecreateRequest>::all(client.clone()),
-        watcher::Config::default().labels(&selector),
-    )
-    .reflect(writer);
+    let active = crrs
+        .watch(watcher::Config::default().labels(&selector))
+        .reflect(writer);
     let reporter = Reporter {
         controller: REPORTER.into(),
         instance: Some(truncated(node_name.clone(), INSTANCE_LIMIT, "")),
     };
-    let (manager, streams) = Manager::new(mode, &client, &node_name);
+    let (manager, streams) = Manager::new(mode, &client, &crrs, &node_name);
     let recorder = Recorder::new(client.clone(), reporter);
     let records = KillRecords { recreated, kills };
     let agent = Arc::new(Agent {
-        ctx: Context::new(client, cri, killer, records, recorder, metrics),
+        ctx: Context::new(client, version, cri, killer, records, recorder, metrics),
         store,
         queue: Queue::default(),
         manager,
     });
-    info!(node = %node_name, %selector, ?mode, "watching ContainerRecreateRequests");
+    info!(node = %node_name, %selector, ?mode, version = version.as_str(), "watching ContainerRecreateRequests");
     let gate = Arc::new(SyncGate::new(if streams.is_some() { 4 } else { 1 }, synced));
     let (stop, stopping) = watch::channel(false);
     let dispatcher = tokio::spawn(Arc::clone(&agent).dispatch(Arc::clone(&gate), stopping));
@@ -305,6 +309,22 @@ fn phase(crr: &ContainerRecreateRequest) -> Phase {
         .as_ref()
         .map(|s| s.phase.clone())
         .unwrap_or_default()
+}
+
+/// The CRR version to use (`ApiVersion::discover`), asked again with the
+/// watches' back-off until the API server answers.
+async fn discover(client: &kube::Client) -> ApiVersion {
+    let mut backoff = backoff::WatchBackoff::default();
+    loop {
+        match ApiVersion::discover(client).await {
+            Ok(version) => return version,
+            Err(error) => {
+                let delay = backoff.after_failure();
+                warn!(%error, ?delay, "cannot tell which CRR version the cluster serves; asking again");
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
 }
 
 // === impl Agent ===

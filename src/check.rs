@@ -17,7 +17,7 @@ use crate::agent::{self, Mode};
 use crate::config::{AgentSettings, RunConfig};
 use crate::cri::Endpoint;
 use crate::cri::v1::VersionRequest;
-use crate::crr::ContainerRecreateRequest;
+use crate::crr::client::ApiVersion;
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -210,6 +210,42 @@ fn kubelet(parsed: &serde_json::Value, listen: &Path) -> Result<String, Verdict>
     } else {
         Err(fail(format!("{} (want {want})", wrong.join(", "))))
     }
+}
+
+/// Which CRR versions the cluster serves, and the one the agent will use
+/// (v1beta1 where served); a list through it proves the CRD is usable.
+async fn crd_versions(client: &kube::Client) -> Result<String, Verdict> {
+    let version = match ApiVersion::discover(client).await {
+        Ok(version) => version,
+        Err(kube::Error::Api(status)) if status.code == 404 => {
+            return Err(fail(
+                "the CRD is not installed (kubectl apply -f deploy/crd.yaml)",
+            ));
+        }
+        Err(error) => return Err(fail(error)),
+    };
+    let api = Api::<kube::api::DynamicObject>::all_with(client.clone(), &version.api_resource());
+    api.list(&ListParams::default().limit(1))
+        .await
+        .map_err(fail)?;
+    let served = if version == ApiVersion::V1beta1 {
+        // v1alpha1 is served beside it by every CRD that has v1beta1.
+        let alpha = client
+            .list_api_group_resources(&format!("{}/{}", crate::crr::GROUP, crate::crr::VERSION))
+            .await
+            .is_ok_and(|list| list.resources.iter().any(|r| r.name == crate::crr::PLURAL));
+        if alpha {
+            "v1alpha1, v1beta1"
+        } else {
+            "v1beta1"
+        }
+    } else {
+        "v1alpha1"
+    };
+    Ok(format!(
+        "apps.kruise.io ContainerRecreateRequest served as {served}; the agent uses {}",
+        version.as_str()
+    ))
 }
 
 /// How soon kubelet restarts a container crr-proxy stops again within its
@@ -424,15 +460,7 @@ async fn kubernetes(settings: &AgentSettings, report: &mut Report) {
     report.add("identity", identity(&client, &settings.node_name).await);
     report.add("RBAC", rbac(&client, settings.mode).await);
 
-    let crrs: Api<ContainerRecreateRequest> = Api::all(client.clone());
-    let crd = match crrs.list(&ListParams::default().limit(1)).await {
-        Ok(_) => Ok("apps.kruise.io/v1alpha1 ContainerRecreateRequest is served".to_owned()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Err(fail(
-            "the CRD is not installed (kubectl apply -f deploy/crd.yaml)",
-        )),
-        Err(error) => Err(fail(error)),
-    };
-    report.add("CRD", crd);
+    report.add("CRD", crd_versions(&client).await);
 
     let nodes: Api<Node> = Api::all(client);
     let node = match nodes.get_opt(&settings.node_name).await {

@@ -12,14 +12,16 @@ use std::time::{Duration, Instant};
 
 use crr_proxy::agent::{self, AgentConfig, Mode};
 use crr_proxy::cri::v1::ContainerStatusRequest;
+use crr_proxy::crr::client::ApiVersion;
 use crr_proxy::kill::Killer;
 use crr_proxy::metrics::Metrics;
 use crr_proxy::proxy::{Proxy, Routes};
 use crr_proxy::reason::Recreated;
 use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::{Value, json};
 use support::ProxyUnderTest;
-use support::apiserver::{FakeApiServer, Resource, Watches};
+use support::apiserver::{Conversion, CrrVersions, FakeApiServer, Resource, Watches};
 use support::containerd::Containerd;
 use support::kubelet::{ContainerSpec, Kubelet, PodSpec, RestartPolicy};
 use support::roles::{self, KruiseManager, NAMESPACE, wait_for};
@@ -44,9 +46,27 @@ struct Cluster {
     _ctrd: Containerd,
 }
 
+/// An agent mode, on a cluster of one CRR API: OpenKruise v1.9's
+/// (v1alpha1 only), or one that stores v1beta1 (master's, converting by
+/// webhook; crr-proxy's own CRD, converting nothing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Setup {
+    mode: Mode,
+    versions: CrrVersions,
+}
+
+impl From<Mode> for Setup {
+    fn from(mode: Mode) -> Self {
+        Setup {
+            mode,
+            versions: CrrVersions::V1alpha1Only,
+        }
+    }
+}
+
 impl Cluster {
-    async fn new(mode: Mode) -> Self {
-        let mut cluster = Self::without_agent(mode).await;
+    async fn new(setup: impl Into<Setup>) -> Self {
+        let mut cluster = Self::without_agent(setup).await;
         cluster.start_agent().await;
         cluster
     }
@@ -76,7 +96,8 @@ impl Cluster {
     }
 
     /// The cluster with its roles, before crr-proxy's agent starts.
-    async fn without_agent(mode: Mode) -> Self {
+    async fn without_agent(setup: impl Into<Setup>) -> Self {
+        let Setup { mode, versions } = setup.into();
         support::init_logging();
         let ctrd = tokio::task::spawn_blocking(Containerd::start)
             .await
@@ -85,6 +106,7 @@ impl Cluster {
         // The agent writes as its node, under deploy/'s admission policies.
         let api = FakeApiServer::start_for_node(NODE, NODE_TOKEN).await;
         api.set_watches(Watches::unkind());
+        api.set_crr_versions(versions);
         let cri = support::client(&ctrd.endpoint());
         let recreated_file = ctrd.scratch("state").join("recreated");
         let recreated = Arc::new(Recreated::open(&recreated_file).unwrap());
@@ -249,7 +271,7 @@ fn finished_at(pod: &Value, name: &str) -> i64 {
     seconds(&container_status(pod, name)["lastState"]["terminated"]["finishedAt"])
 }
 
-async fn e2e_1a_simple_container_with_min_started_seconds_and_ttl(mode: Mode) {
+async fn e2e_1a_simple_container_with_min_started_seconds_and_ttl(mode: Setup) {
     let cluster = Cluster::new(mode).await;
     let pod = cluster.kubelet.run_pod(app_and_sidecar("pod0")).await;
     cluster.create(
@@ -311,7 +333,7 @@ async fn e2e_1a_simple_container_with_min_started_seconds_and_ttl(mode: Mode) {
     assert_eq!(killing["reportingController"], agent::REPORTER);
 }
 
-async fn e2e_1b_two_containers_without_strategy(mode: Mode) {
+async fn e2e_1b_two_containers_without_strategy(mode: Setup) {
     let cluster = Cluster::new(mode).await;
     cluster.kubelet.run_pod(app_and_sidecar("pod1")).await;
     cluster.create(
@@ -347,7 +369,7 @@ fn post_start_pod(name: &str) -> PodSpec {
 /// Recreates `app` and `sidecar` of a post-start Pod with `strategy`, checks
 /// both were recreated, and returns how many seconds after the app the
 /// sidecar was stopped.
-async fn sidecar_lag(mode: Mode, pod: &str, strategy: Value) -> i64 {
+async fn sidecar_lag(mode: Setup, pod: &str, strategy: Value) -> i64 {
     let cluster = Cluster::new(mode).await;
     cluster.kubelet.run_pod(post_start_pod(pod)).await;
     let crr = format!("crr-{pod}");
@@ -358,12 +380,12 @@ async fn sidecar_lag(mode: Mode, pod: &str, strategy: Value) -> i64 {
     finished_at(&pod, "sidecar") - finished_at(&pod, "app")
 }
 
-async fn e2e_2a_unordered_does_not_wait_for_readiness(mode: Mode) {
+async fn e2e_2a_unordered_does_not_wait_for_readiness(mode: Setup) {
     let gap = sidecar_lag(mode, "pod2a", Value::Null).await;
     assert!(gap < 3, "the sidecar waited {gap}s for the app");
 }
 
-async fn e2e_2b_ordered_waits_for_the_previous_container(mode: Mode) {
+async fn e2e_2b_ordered_waits_for_the_previous_container(mode: Setup) {
     let gap = sidecar_lag(mode, "pod2b", json!({"orderedRecreate": true})).await;
     assert!(
         gap >= 5,
@@ -377,7 +399,7 @@ fn pre_stop_pod(name: &str) -> PodSpec {
     PodSpec::new(name, vec![app, ContainerSpec::graceful("sidecar")])
 }
 
-async fn e2e_3a_pre_stop_runs_fully_and_kills_are_sequential(mode: Mode) {
+async fn e2e_3a_pre_stop_runs_fully_and_kills_are_sequential(mode: Setup) {
     let cluster = Cluster::new(mode).await;
     cluster.kubelet.run_pod(pre_stop_pod("pod3a")).await;
     cluster.create(
@@ -413,7 +435,7 @@ async fn e2e_3a_pre_stop_runs_fully_and_kills_are_sequential(mode: Mode) {
     );
 }
 
-async fn e2e_3b_active_deadline_completes_while_the_kill_goes_on(mode: Mode) {
+async fn e2e_3b_active_deadline_completes_while_the_kill_goes_on(mode: Setup) {
     let cluster = Cluster::new(mode).await;
     cluster.kubelet.run_pod(pre_stop_pod("pod3b")).await;
     cluster.create(
@@ -457,7 +479,7 @@ async fn e2e_3b_active_deadline_completes_while_the_kill_goes_on(mode: Mode) {
     );
 }
 
-async fn e2e_3c_unready_grace_and_a_short_termination_grace(mode: Mode) {
+async fn e2e_3c_unready_grace_and_a_short_termination_grace(mode: Setup) {
     let cluster = Cluster::new(mode).await;
     cluster.kubelet.run_pod(pre_stop_pod("pod3c")).await;
     let created = cluster.create(
@@ -499,7 +521,7 @@ async fn e2e_3c_unready_grace_and_a_short_termination_grace(mode: Mode) {
     );
 }
 
-async fn e2e_4a_and_4b_force_recreate(mode: Mode) {
+async fn e2e_4a_and_4b_force_recreate(mode: Setup) {
     let cluster = Cluster::new(mode).await;
     cluster.kubelet.run_pod(post_start_pod("pod4a")).await;
     cluster.kubelet.run_pod(post_start_pod("pod4b")).await;
@@ -533,7 +555,7 @@ async fn e2e_4a_and_4b_force_recreate(mode: Mode) {
 /// completes a CRR, the syncs that still read the copy from before (woken
 /// by the Pod's changes) leave it alone, as kruise's expectations do,
 /// instead of completing it a second time (a 409).
-async fn a_lagging_cache_does_not_complete_a_crr_twice(mode: Mode) {
+async fn a_lagging_cache_does_not_complete_a_crr_twice(mode: Setup) {
     let mut cluster = Cluster::without_agent(mode).await;
     cluster.api.set_watches(Watches {
         lag: [(Resource::Crr, Duration::from_secs(1))].into(),
@@ -568,7 +590,7 @@ async fn a_lagging_cache_does_not_complete_a_crr_twice(mode: Mode) {
 /// kubelet counts a recreation as a crash: a second CRR on the same
 /// container within its CrashLoopBackOff window is held by kubelet for the
 /// back-off (10 s here), with the Pod saying so, and then completes.
-async fn a_second_crr_within_kubelets_back_off_waits_for_it(mode: Mode) {
+async fn a_second_crr_within_kubelets_back_off_waits_for_it(mode: Setup) {
     let cluster = Cluster::new(mode).await;
     cluster.kubelet.run_pod(app_and_sidecar("loop")).await;
     cluster.create("first", "loop", &["app"], Value::Null, json!({}));
@@ -608,7 +630,7 @@ async fn a_second_crr_within_kubelets_back_off_waits_for_it(mode: Mode) {
 /// A container its Pod does not restart (restartPolicy OnFailure, a clean
 /// exit on SIGTERM) stays down: the CRR waits for a new container that never
 /// comes, and its deadline completes it, as with kruise-daemon.
-async fn a_container_that_is_not_restarted_leaves_the_crr_to_its_deadline(mode: Mode) {
+async fn a_container_that_is_not_restarted_leaves_the_crr_to_its_deadline(mode: Setup) {
     let cluster = Cluster::new(mode).await;
     let mut pod = app_and_sidecar("once");
     pod.restart_policy = RestartPolicy::OnFailure;
@@ -638,7 +660,164 @@ async fn a_container_that_is_not_restarted_leaves_the_crr_to_its_deadline(mode: 
     );
 }
 
-async fn two_crrs_for_one_pod_back_to_back_both_complete(mode: Mode) {
+/// The API client for CRRs in `version` (a person's kubectl, or a
+/// controller built against that version).
+fn crrs_as(cluster: &Cluster, version: ApiVersion) -> Api<DynamicObject> {
+    Api::namespaced_with(cluster.api.client(), NAMESPACE, &version.api_resource())
+}
+
+async fn create_as(cluster: &Cluster, version: ApiVersion, name: &str, spec: Value) {
+    let obj = json!({"apiVersion": format!("apps.kruise.io/{}", version.as_str()),
+                     "kind": "ContainerRecreateRequest", "metadata": {"name": name}, "spec": spec});
+    let obj: DynamicObject = serde_json::from_value(obj).unwrap();
+    crrs_as(cluster, version)
+        .create(&PostParams::default(), &obj)
+        .await
+        .unwrap_or_else(|e| panic!("create {name} as {version:?}: {e}"));
+}
+
+/// On a cluster that stores v1beta1, a CRR created through v1alpha1 and one
+/// created through v1beta1 both complete (master's e2e cases 5 and 8,
+/// crr-v1beta1.md §6): the stored objects carry the v1beta1 snapshot (with
+/// the new containers' IDs) and, with an unready grace, PreRecreateGrace
+/// True, and neither legacy annotation: crr-proxy writes v1beta1, so no
+/// conversion puts them there.
+async fn both_versions_complete_with_typed_fields_and_no_legacy_annotations(mode: Setup) {
+    let cluster = Cluster::new(mode).await;
+    cluster.kubelet.run_pod(app_and_sidecar("alpha")).await;
+    cluster.kubelet.run_pod(app_and_sidecar("beta")).await;
+    let spec = |pod: &str| {
+        json!({"podName": pod, "containers": [{"name": "app"}, {"name": "sidecar"}],
+               "strategy": {"unreadyGracePeriodSeconds": 1}})
+    };
+    create_as(&cluster, ApiVersion::V1alpha1, "crr-alpha", spec("alpha")).await;
+    create_as(&cluster, ApiVersion::V1beta1, "crr-beta", spec("beta")).await;
+    for (name, pod) in [("crr-alpha", "alpha"), ("crr-beta", "beta")] {
+        let done = cluster.completed(name, Duration::from_secs(60)).await;
+        assert_eq!(done["apiVersion"], "apps.kruise.io/v1beta1", "{done}");
+        assert!(done["status"]["message"].is_null(), "{done}");
+        let pod = cluster.kubelet.wait_ready(pod).await;
+        assert_recreated(&done, &pod, &["app", "sidecar"]);
+        let snapshot = done["status"]["containerStatusSnapshot"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        for container in ["app", "sidecar"] {
+            let entry = snapshot
+                .iter()
+                .find(|s| s["name"] == container)
+                .unwrap_or_else(|| panic!("{name}: no snapshot of {container}: {done}"));
+            let old = done["spec"]["containers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["name"] == container)
+                .unwrap()["statusContext"]["containerID"]
+                .clone();
+            assert!(
+                entry["containerID"].is_string() && entry["containerID"] != old,
+                "{name}: {entry}"
+            );
+        }
+        let grace = done["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "PreRecreateGrace");
+        assert_eq!(
+            grace.map(|c| c["status"].clone()),
+            Some(json!("True")),
+            "{name}: {done}"
+        );
+        for annotation in [
+            "crr.apps.kruise.io/sync-container-statuses",
+            "crr.apps.kruise.io/unready-acquired",
+        ] {
+            let value = &done["metadata"]["annotations"][annotation];
+            assert!(
+                value.is_null() || value == "",
+                "{name}: {annotation} is {value}"
+            );
+        }
+    }
+}
+
+/// Upgrading a standalone cluster from the v1alpha1-only CRD: a CRR stored
+/// as v1alpha1, stamped by the crr-proxy before (the unready-acquired
+/// annotation), completes under crr-proxy's new CRD with the agent on
+/// v1beta1, and keeps the stamp it had.
+async fn a_crr_stored_before_the_crd_upgrade_completes() {
+    let mut cluster = Cluster::without_agent(Mode::Standalone).await;
+    cluster.kubelet.run_pod(app_and_sidecar("old")).await;
+    let stamp = support::apiserver::now();
+    let crr = json!({
+        "metadata": {"name": "crr-old", "annotations": {"crr.apps.kruise.io/unready-acquired": stamp}},
+        "spec": {"podName": "old", "containers": [{"name": "app"}],
+                 "strategy": {"unreadyGracePeriodSeconds": 1}},
+    });
+    cluster.api.create(Resource::Crr, NAMESPACE, crr).unwrap();
+    assert_eq!(
+        cluster.crr("crr-old").unwrap()["apiVersion"],
+        "apps.kruise.io/v1alpha1"
+    );
+    // kubectl apply -f deploy/crd.yaml, then crr-proxy restarted.
+    cluster
+        .api
+        .set_crr_versions(CrrVersions::Both(Conversion::None));
+    cluster.start_agent().await;
+    let done = cluster.completed("crr-old", Duration::from_secs(30)).await;
+    assert!(done["status"]["message"].is_null(), "{done}");
+    assert_eq!(
+        done["metadata"]["annotations"]["crr.apps.kruise.io/unready-acquired"],
+        stamp
+    );
+    // The old stamp was honoured: no second grace, no new condition.
+    assert!(done["status"]["conditions"].is_null(), "{done}");
+    let pod = cluster.kubelet.wait_ready("old").await;
+    assert_recreated(&done, &pod, &["app"]);
+}
+
+/// master's e2e case 9: through the conversion webhook, a v1alpha1 reader
+/// sees a v1beta1 CRR's PreRecreateGrace as the unready-acquired annotation.
+async fn v1alpha1_readers_see_the_grace_as_its_annotation() {
+    let versions = CrrVersions::Both(Conversion::Webhook);
+    let cluster = Cluster::new(Setup {
+        mode: Mode::Kruise,
+        versions,
+    })
+    .await;
+    cluster.kubelet.run_pod(app_and_sidecar("graced")).await;
+    let spec = json!({"podName": "graced", "containers": [{"name": "app"}],
+                      "strategy": {"unreadyGracePeriodSeconds": 1}});
+    create_as(&cluster, ApiVersion::V1beta1, "crr-graced", spec).await;
+    let alpha = crrs_as(&cluster, ApiVersion::V1alpha1);
+    let mut seen = None;
+    for _ in 0..60 {
+        let obj = alpha.get("crr-graced").await.unwrap();
+        let stamp = obj
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("crr.apps.kruise.io/unready-acquired"))
+            .cloned();
+        if let Some(stamp) = stamp.filter(|s| !s.is_empty()) {
+            seen = Some((stamp, obj.data["status"].clone()));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (stamp, status) = seen.expect("a v1alpha1 GET shows unready-acquired");
+    assert!(stamp.ends_with('Z'), "{stamp}");
+    assert!(
+        status["conditions"].is_null(),
+        "v1alpha1 shows no conditions: {status}"
+    );
+    cluster
+        .completed("crr-graced", Duration::from_secs(30))
+        .await;
+}
+
+async fn two_crrs_for_one_pod_back_to_back_both_complete(mode: Setup) {
     let cluster = Cluster::new(mode).await;
     cluster.kubelet.run_pod(app_and_sidecar("pod5")).await;
     cluster.create("first", "pod5", &["app"], Value::Null, json!({}));
@@ -754,7 +933,7 @@ async fn bad_crrs_get_their_documented_outcome_and_delay_no_one() {
     );
 }
 
-async fn a_watch_compacted_mid_recreate_relists_and_loses_nothing(mode: Mode) {
+async fn a_watch_compacted_mid_recreate_relists_and_loses_nothing(mode: Setup) {
     let cluster = Cluster::new(mode).await;
     cluster.kubelet.run_pod(app_and_sidecar("pod7")).await;
     cluster.create("crr-7", "pod7", &["app", "sidecar"], Value::Null, json!({}));
@@ -775,7 +954,7 @@ async fn a_watch_compacted_mid_recreate_relists_and_loses_nothing(mode: Mode) {
 
 /// The API server unreachable for 30 s: the CRI passthrough does not notice,
 /// the watch comes back by itself, and a CRR created meanwhile completes.
-async fn an_api_server_outage_only_delays_crrs(mode: Mode) {
+async fn an_api_server_outage_only_delays_crrs(mode: Setup) {
     let cluster = Cluster::new(mode).await;
     cluster.kubelet.run_pod(app_and_sidecar("pod10")).await;
     let proxy = support::ProxyUnderTest::to(cluster._ctrd.endpoint());
@@ -928,7 +1107,7 @@ async fn standalone_a_crr_before_the_containers_started_is_refused() {
 /// The Pod is deleted mid-recreate, gracefully as the API server does it:
 /// it is marked (deletionTimestamp) and stays until kubelet has stopped its
 /// containers. The CRR completes with "pod has gone" meanwhile.
-async fn a_pod_deleted_mid_recreate_completes_the_crr(mode: Mode) {
+async fn a_pod_deleted_mid_recreate_completes_the_crr(mode: Setup) {
     let cluster = Cluster::new(mode).await;
     cluster.kubelet.run_pod(pre_stop_pod("pod9")).await;
     cluster.create("crr-9", "pod9", &["app", "sidecar"], Value::Null, json!({}));
@@ -964,7 +1143,7 @@ async fn a_pod_deleted_mid_recreate_completes_the_crr(mode: Mode) {
 /// `preStop: {}` (kruise's ProbeHandler has no `sleep`), and the container's
 /// own hook, which kubelet keeps in its annotation, is honoured: the old
 /// container stops no sooner than its 3 s sleep allows.
-async fn a_sleep_pre_stop_is_honoured(mode: Mode) {
+async fn a_sleep_pre_stop_is_honoured(mode: Setup) {
     let cluster = Cluster::new(mode).await;
     let mut app = ContainerSpec::graceful("app");
     app.pre_stop = Some(json!({"sleep": {"seconds": 3}}));
@@ -991,7 +1170,7 @@ async fn a_sleep_pre_stop_is_honoured(mode: Mode) {
 /// FailedPreStopHook Event is recorded, its note cut to the 1 024 bytes
 /// events.k8s.io takes (the fake API server refuses longer ones, as the real
 /// one does), and the container is still recreated.
-async fn a_failed_hook_with_long_output_is_recorded_cut_to_size(mode: Mode) {
+async fn a_failed_hook_with_long_output_is_recorded_cut_to_size(mode: Setup) {
     let cluster = Cluster::new(mode).await;
     let mut app = ContainerSpec::graceful("app");
     let noisy = "head -c 3000 /dev/zero | tr '\\0' x; exit 3";
@@ -1026,7 +1205,7 @@ async fn a_failed_hook_with_long_output_is_recorded_cut_to_size(mode: Mode) {
 /// An empty unready-acquired stamp is none (issue 15, defect 4): kruise
 /// waits for the stamp (standalone writes it itself); the container is
 /// recreated, and the CRR does not end with "failed to parse unready time".
-async fn an_empty_unready_stamp_counts_as_none(mode: Mode) {
+async fn an_empty_unready_stamp_counts_as_none(mode: Setup) {
     let cluster = Cluster::new(mode).await;
     cluster.kubelet.run_pod(app_and_sidecar("podstamp")).await;
     let crr = json!({
@@ -1058,7 +1237,7 @@ async fn an_empty_unready_stamp_counts_as_none(mode: Mode) {
 /// the last, so the reflector's store fills only a second or so after the
 /// first item arrives; every Pod must be synced against the store as it is
 /// then, not before (which used to leave these CRRs to the 10 s retry).
-async fn crrs_that_exist_before_the_agent_starts_are_taken_at_once(mode: Mode) {
+async fn crrs_that_exist_before_the_agent_starts_are_taken_at_once(mode: Setup) {
     let mut cluster = Cluster::without_agent(mode).await;
     cluster.api.set_list_pages(1, Duration::from_millis(300));
     let pods = ["early1", "early2", "early3"];
@@ -1083,13 +1262,13 @@ async fn crrs_that_exist_before_the_agent_starts_are_taken_at_once(mode: Mode) {
 /// 429 (Retry-After: 1, which kube's client retries by itself) or with 500
 /// (which it does not): the Killing Event is still recorded, as client-go's
 /// event broadcaster retries, and the CRR completes.
-async fn a_refused_event_write_is_retried(mode: Mode) {
+async fn a_refused_event_write_is_retried(mode: Setup) {
     for code in [429, 500] {
         event_write_refused_with(mode, code).await;
     }
 }
 
-async fn event_write_refused_with(mode: Mode, code: u16) {
+async fn event_write_refused_with(mode: Setup, code: u16) {
     let cluster = Cluster::new(mode).await;
     cluster
         .kubelet
@@ -1115,14 +1294,63 @@ async fn event_write_refused_with(mode: Mode, code: u16) {
     assert_eq!(cluster.api.faults_left(), 0, "the {code}s were answered");
 }
 
-/// Each scenario, once next to kruise-manager and once standalone.
+/// Each scenario, once next to kruise-manager and once standalone, on a
+/// v1.9 cluster (v1alpha1 only) and on one that stores v1beta1 (next to
+/// master's kruise-manager converting by webhook; standalone on crr-proxy's
+/// own CRD, converting nothing).
 macro_rules! in_both_modes {
     ($($name:ident),* $(,)?) => {
+        mod kruise_master {
+            const SETUP: super::Setup = super::Setup {
+                mode: super::Mode::Kruise,
+                versions: super::CrrVersions::Both(super::Conversion::Webhook),
+            };
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name(SETUP).await
+                }
+            )*
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn both_versions_complete_with_typed_fields_and_no_legacy_annotations() {
+                super::both_versions_complete_with_typed_fields_and_no_legacy_annotations(SETUP).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn v1alpha1_readers_see_the_grace_as_its_annotation() {
+                super::v1alpha1_readers_see_the_grace_as_its_annotation().await
+            }
+        }
+
+        mod standalone_v1beta1 {
+            const SETUP: super::Setup = super::Setup {
+                mode: super::Mode::Standalone,
+                versions: super::CrrVersions::Both(super::Conversion::None),
+            };
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name(SETUP).await
+                }
+            )*
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn both_versions_complete_with_typed_fields_and_no_legacy_annotations() {
+                super::both_versions_complete_with_typed_fields_and_no_legacy_annotations(SETUP).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn a_crr_stored_before_the_crd_upgrade_completes() {
+                super::a_crr_stored_before_the_crd_upgrade_completes().await
+            }
+        }
+
         mod kruise {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
-                    super::$name(super::Mode::Kruise).await
+                    super::$name(super::Mode::Kruise.into()).await
                 }
             )*
 
@@ -1136,7 +1364,7 @@ macro_rules! in_both_modes {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
-                    super::$name(super::Mode::Standalone).await
+                    super::$name(super::Mode::Standalone.into()).await
                 }
             )*
 
@@ -1160,7 +1388,7 @@ macro_rules! in_both_modes {
 
 /// kubelet, through crr-proxy, learns why the app restarted; containerd's
 /// own answer is untouched, and the record outlives the proxy.
-async fn the_pod_says_why_its_container_restarted(mode: Mode) {
+async fn the_pod_says_why_its_container_restarted(mode: Setup) {
     let cluster = Cluster::new(mode).await;
     cluster.kubelet.run_pod(app_and_sidecar("why")).await;
     cluster.create("crr-why", "why", &["app"], Value::Null, json!({}));

@@ -286,3 +286,153 @@ async fn events_are_validated_on_create_and_on_their_series_patch() {
         .create(Resource::Event, "default", base.clone())
         .unwrap();
 }
+
+/// CRR versions as a real API server serves them with each CRD
+/// (tests/support/versions.rs): discovery, the v1alpha1 view of v1beta1
+/// storage with and without kruise's conversion webhook (crr-v1beta1.md §3,
+/// its lossy cases included), and v1beta1's enums and minimums.
+#[tokio::test]
+async fn crr_versions_convert_as_kruises_webhook_and_none_do() {
+    use kube::api::{ApiResource, DynamicObject};
+    use support::apiserver::{Conversion, CrrVersions};
+    let resource = |version: &str| ApiResource {
+        group: "apps.kruise.io".into(),
+        version: version.into(),
+        api_version: format!("apps.kruise.io/{version}"),
+        kind: "ContainerRecreateRequest".into(),
+        plural: "containerrecreaterequests".into(),
+    };
+    let lists = |list: k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList| {
+        list.resources
+            .iter()
+            .any(|r| r.name == "containerrecreaterequests")
+    };
+    for conversion in [Conversion::Webhook, Conversion::None] {
+        let server = FakeApiServer::start().await;
+        let client = server.client();
+        assert!(!lists(
+            client
+                .list_api_group_resources("apps.kruise.io/v1beta1")
+                .await
+                .unwrap()
+        ));
+        server.set_crr_versions(CrrVersions::Both(conversion));
+        assert!(lists(
+            client
+                .list_api_group_resources("apps.kruise.io/v1beta1")
+                .await
+                .unwrap()
+        ));
+        assert!(lists(
+            client
+                .list_api_group_resources("apps.kruise.io/v1alpha1")
+                .await
+                .unwrap()
+        ));
+        let beta =
+            Api::<DynamicObject>::namespaced_with(client.clone(), "default", &resource("v1beta1"));
+        let alpha =
+            Api::<DynamicObject>::namespaced_with(client.clone(), "default", &resource("v1alpha1"));
+        let created: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "apps.kruise.io/v1beta1", "kind": "ContainerRecreateRequest",
+            "metadata": {"name": "c"}, "spec": {"podName": "web-0", "containers": [{"name": "app"}]}}))
+        .unwrap();
+        beta.create(&PostParams::default(), &created).await.unwrap();
+        let status = json!({"status": {"phase": "Recreating",
+            "containerStatusSnapshot": [{"name": "app", "ready": true, "restartCount": 3, "containerID": "containerd://abc"}],
+            "conditions": [
+                {"type": "PreRecreateGrace", "status": "True", "lastTransitionTime": "2026-06-01T10:00:00Z",
+                 "reason": "PreRecreateGrace", "message": "m"},
+                {"type": "Other", "status": "False", "lastTransitionTime": "2026-06-01T10:00:00Z",
+                 "reason": "Other", "message": "kept only in v1beta1"}]}});
+        beta.patch_status("c", &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap();
+
+        let seen = alpha.get("c").await.unwrap();
+        let annotations = seen.metadata.annotations.clone().unwrap_or_default();
+        assert!(
+            seen.data["status"]["conditions"].is_null()
+                && seen.data["status"]["containerStatusSnapshot"].is_null()
+        );
+        match conversion {
+            Conversion::Webhook => {
+                assert_eq!(
+                    annotations["crr.apps.kruise.io/sync-container-statuses"],
+                    r#"[{"name":"app","ready":true,"restartCount":3,"containerID":"containerd://abc"}]"#
+                );
+                assert_eq!(
+                    annotations["crr.apps.kruise.io/unready-acquired"],
+                    "2026-06-01T10:00:00Z"
+                );
+            }
+            Conversion::None => assert!(annotations.is_empty(), "{annotations:?}"),
+        }
+        // A v1alpha1 status write stores what v1alpha1 showed.
+        let states = json!({"status": {"containerRecreateStates": [{"name": "app", "phase": "Recreating"}]}});
+        alpha
+            .patch_status("c", &PatchParams::default(), &Patch::Merge(&states))
+            .await
+            .unwrap();
+        let stored = server.get(Resource::Crr, "default", "c").unwrap();
+        assert_eq!(stored["apiVersion"], "apps.kruise.io/v1beta1");
+        match conversion {
+            Conversion::Webhook => {
+                // The annotations leak into storage; the typed fields are
+                // parsed back from them, and the other condition is lost.
+                assert!(
+                    stored["metadata"]["annotations"]["crr.apps.kruise.io/unready-acquired"]
+                        .is_string()
+                );
+                assert_eq!(
+                    stored["status"]["containerStatusSnapshot"][0]["restartCount"],
+                    3
+                );
+                let types: Vec<&serde_json::Value> = stored["status"]["conditions"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|c| &c["type"])
+                    .collect();
+                assert_eq!(types, [&json!("PreRecreateGrace")], "{stored}");
+            }
+            Conversion::None => {
+                assert!(
+                    stored["status"]["containerStatusSnapshot"].is_null(),
+                    "{stored}"
+                );
+                assert!(stored["status"]["conditions"].is_null(), "{stored}");
+            }
+        }
+        // v1beta1 refuses what only v1alpha1's schema lets through.
+        let refused = beta
+            .patch_status(
+                "c",
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"status": {"phase": ""}})),
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            refused.to_string().contains("Unsupported value"),
+            "{refused}"
+        );
+        let negative = json!({"spec": {"ttlSecondsAfterFinished": -1}});
+        let refused = beta
+            .patch("c", &PatchParams::default(), &Patch::Merge(&negative))
+            .await
+            .unwrap_err();
+        assert!(
+            refused.to_string().contains("greater than or equal to 0"),
+            "{refused}"
+        );
+        alpha
+            .patch_status(
+                "c",
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"status": {"phase": ""}})),
+            )
+            .await
+            .unwrap();
+    }
+}

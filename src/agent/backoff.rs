@@ -38,6 +38,11 @@ impl WatchBackoff {
         if is_gone(error) {
             return Duration::ZERO;
         }
+        self.after_failure()
+    }
+
+    /// How long to wait after any other failed request to the API server.
+    pub(crate) fn after_failure(&mut self) -> Duration {
         let delay = self.next;
         self.next = (self.next * 2).min(CAP);
         delay + jitter(delay / 5)

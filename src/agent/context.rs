@@ -10,7 +10,6 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use serde_json::json;
 use tokio::time::Instant;
@@ -21,6 +20,7 @@ use crate::cri::RuntimeClient;
 use crate::cri::v1::{
     ContainerFilter, ContainerState, ContainerStatusRequest, ListContainersRequest, VersionRequest,
 };
+use crate::crr::client::{ApiVersion, CrrClient};
 use crate::crr::state::{PodContainers, RuntimeContainer};
 use crate::crr::{
     ContainerRecreateRequest, ContainerRecreateRequestStatus, ContainerRecreateState, Phase,
@@ -105,6 +105,8 @@ pub(crate) struct KillRecords {
 
 pub(crate) struct Context {
     pub(crate) client: kube::Client,
+    /// The CRRs, in the version the cluster serves.
+    pub(crate) crrs: CrrClient,
     cri: RuntimeClient,
     runtime_name: tokio::sync::OnceCell<String>,
     pub(crate) killer: Killer,
@@ -120,6 +122,7 @@ pub(crate) struct Context {
 impl Context {
     pub(crate) fn new(
         client: kube::Client,
+        version: ApiVersion,
         cri: RuntimeClient,
         killer: Killer,
         records: KillRecords,
@@ -127,6 +130,7 @@ impl Context {
         metrics: Arc<Metrics>,
     ) -> Self {
         Self {
+            crrs: CrrClient::new(client.clone(), version),
             client,
             cri,
             runtime_name: tokio::sync::OnceCell::new(),
@@ -137,10 +141,6 @@ impl Context {
             expectations: Mutex::new(HashMap::new()),
             first_seen: Mutex::new(HashMap::new()),
         }
-    }
-
-    pub(crate) fn api(&self, crr: &ContainerRecreateRequest) -> Api<ContainerRecreateRequest> {
-        Api::namespaced(self.client.clone(), &crr.namespace().unwrap_or_default())
     }
 
     // --- the runtime ---
@@ -269,23 +269,24 @@ impl Context {
 
     // --- status writes (§2.3.4) ---
 
-    /// A full status update from the cached object: a conflict means the
-    /// cache is behind, and the back-off retries with a fresher copy.
+    /// A full status update. On v1alpha1, from the cached object, as
+    /// kruise v1.9 writes it: a conflict means the cache is behind, and the
+    /// back-off retries with a fresher copy. On v1beta1, as master's daemon
+    /// writes it: from a fresh read, up to four tries on conflict.
     pub(crate) async fn set_phase(
         &self,
         crr: &ContainerRecreateRequest,
         phase: Phase,
     ) -> Result<(), AgentError> {
-        let mut next = crr.clone();
-        next.status
-            .get_or_insert_with(ContainerRecreateRequestStatus::default)
-            .phase = phase.clone();
         debug!(crr = %crr.name_any(), ?phase, "setting phase");
-        let written = self
-            .api(crr)
-            .replace_status(&crr.name_any(), &PostParams::default(), &next)
-            .await?;
-        self.expect(&written);
+        let set = |next: &mut ContainerRecreateRequest| {
+            next.status
+                .get_or_insert_with(ContainerRecreateRequestStatus::default)
+                .phase = phase.clone();
+        };
+        if let Some(written) = self.write_status(crr, set).await? {
+            self.expect(&written);
+        }
         Ok(())
     }
 
@@ -294,12 +295,55 @@ impl Context {
         crr: &ContainerRecreateRequest,
         why: Completion,
     ) -> Result<(), AgentError> {
-        let written = complete(&self.api(crr), crr, &why).await?;
-        // The expectation stays until the cache shows the completion: a
-        // sync that reads the copy from before leaves the CRR alone.
-        self.expect(&written);
-        self.completed(&written, &why);
+        info!(crr = %crr.name_any(), message = why.message(), "completing");
+        let at = Time(Timestamp::now());
+        let written = self
+            .write_status(crr, |next| mark_completed(next, &why, at.clone()))
+            .await?;
+        if let Some(written) = written {
+            // The expectation stays until the cache shows the completion: a
+            // sync that reads the copy from before leaves the CRR alone.
+            self.expect(&written);
+            self.completed(&written, &why);
+        }
         Ok(())
+    }
+
+    /// PUTs `crr`'s status as `change` makes it; `None` when there was
+    /// nothing to write: the CRR is gone, or (on a fresh read) another
+    /// writer completed it first, which is never overwritten.
+    async fn write_status(
+        &self,
+        crr: &ContainerRecreateRequest,
+        change: impl Fn(&mut ContainerRecreateRequest),
+    ) -> Result<Option<ContainerRecreateRequest>, AgentError> {
+        if self.crrs.version() == ApiVersion::V1alpha1 {
+            let mut next = crr.clone();
+            change(&mut next);
+            return Ok(Some(self.crrs.replace_status(&next).await?));
+        }
+        let (namespace, name) = (crr.namespace().unwrap_or_default(), crr.name_any());
+        let mut tries = 0;
+        loop {
+            let Some(mut fresh) = self.crrs.get(&namespace, &name).await? else {
+                return Ok(None);
+            };
+            if is_finished(&fresh) {
+                debug!(crr = %name, "already completed by another writer");
+                self.expect(&fresh);
+                return Ok(None);
+            }
+            change(&mut fresh);
+            match self.crrs.replace_status(&fresh).await {
+                Ok(written) => return Ok(Some(written)),
+                Err(kube::Error::Api(status)) if status.code == 409 && tries < 3 => {
+                    // client-go's retry.DefaultBackoff: 10 ms, ×5, jitter 0.1.
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(10 * 5u64.pow(tries - 1))).await;
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
     }
 
     /// Counts a completion written by `complete` (here or elsewhere).
@@ -317,14 +361,7 @@ impl Context {
         states: &[ContainerRecreateState],
     ) -> Result<(), AgentError> {
         let patch = json!({"status": {"containerRecreateStates": states}});
-        let written = self
-            .api(crr)
-            .patch_status(
-                &crr.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await?;
+        let written = self.crrs.patch_status(crr, &patch).await?;
         self.expect(&written);
         Ok(())
     }
@@ -381,23 +418,14 @@ impl Context {
     }
 }
 
-/// A CRR's completion: a full status update (phase, completionTime,
-/// message) from `crr`, as kruise writes it.
-pub(crate) async fn complete(
-    api: &Api<ContainerRecreateRequest>,
-    crr: &ContainerRecreateRequest,
-    why: &Completion,
-) -> Result<ContainerRecreateRequest, kube::Error> {
-    let mut next = crr.clone();
-    let status = next
+/// A CRR's completion as kruise writes it: phase, completionTime, message.
+pub(crate) fn mark_completed(crr: &mut ContainerRecreateRequest, why: &Completion, at: Time) {
+    let status = crr
         .status
         .get_or_insert_with(ContainerRecreateRequestStatus::default);
     status.phase = Phase::Completed;
-    status.completion_time = Some(Time(Timestamp::now()));
+    status.completion_time = Some(at);
     status.message = why.message().to_owned();
-    info!(crr = %crr.name_any(), message = why.message(), "completing");
-    api.replace_status(&crr.name_any(), &PostParams::default(), &next)
-        .await
 }
 
 fn resource_version(crr: &ContainerRecreateRequest) -> Option<u64> {

@@ -18,7 +18,7 @@ use super::manager::Manager;
 use super::queue::Next;
 use super::{AgentError, PodKey, is_finished, phase};
 use crate::crr::state::{self, Candidate, PassEnd};
-use crate::crr::{ContainerRecreateRequest, Phase, annotations, labels};
+use crate::crr::{ContainerRecreateRequest, Phase, labels};
 use crate::kill::{HookResult, KillError, KillRequest};
 use crate::telemetry::Chain;
 
@@ -108,19 +108,14 @@ impl Daemon<'_> {
             .as_ref()
             .and_then(|s| s.unready_grace_period_seconds)
         {
-            // An empty stamp is none (kruise waits for it, too).
-            let stamp = crr
-                .annotations()
-                .get(annotations::UNREADY_ACQUIRED)
-                .filter(|stamp| !stamp.is_empty());
-            let Some(stamp) = stamp else {
-                self.manager.make_unready(self.ctx, crr).await?;
-                return Ok(Next::Done);
-            };
-            let acquired = match stamp.parse::<Timestamp>() {
-                Ok(at) => at,
-                Err(error) => {
-                    let message = format!("failed to parse unready time {stamp}: {error}");
+            let acquired = match crr.unready_since() {
+                Some(Ok(at)) => at,
+                // Not yet: the manager's write brings the CRR back.
+                None => {
+                    self.manager.make_unready(self.ctx, crr).await?;
+                    return Ok(Next::Done);
+                }
+                Some(Err(message)) => {
                     self.ctx.complete(crr, Completion::Refused(message)).await?;
                     return Ok(Next::Done);
                 }

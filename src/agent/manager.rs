@@ -6,7 +6,6 @@
 
 use std::collections::HashMap;
 
-use kube::ResourceExt;
 use kube::runtime::reflector::Store;
 use tracing::debug;
 
@@ -14,7 +13,8 @@ use super::context::Context;
 use super::queue::Next;
 use super::standalone;
 use super::{AgentError, Mode, PodKey};
-use crate::crr::{ContainerRecreateRequest, SyncContainerStatus, annotations};
+use crate::crr::client::CrrClient;
+use crate::crr::{ContainerRecreateRequest, SyncContainerStatus};
 
 pub(crate) enum Manager {
     /// kruise-manager and its webhook do it.
@@ -37,12 +37,13 @@ impl Manager {
     pub(crate) fn new(
         mode: Mode,
         client: &kube::Client,
+        crrs: &CrrClient,
         node: &str,
     ) -> (Self, Option<standalone::Streams>) {
         match mode {
             Mode::Kruise => (Manager::Kruise, None),
             Mode::Standalone => {
-                let (parts, streams) = standalone::watches(client, node);
+                let (parts, streams) = standalone::watches(client, crrs, node);
                 (Manager::Standalone(parts), Some(streams))
             }
         }
@@ -79,19 +80,16 @@ impl Manager {
         }
     }
 
-    /// What is known of the CRR's containers in the Pod (§1.7): the
-    /// annotation kruise-manager keeps on the CRR, or in standalone mode
-    /// the Pod's own status.
+    /// What is known of the CRR's containers in the Pod (§1.7): what
+    /// kruise-manager keeps on the CRR (v1beta1's snapshot, v1alpha1's
+    /// annotation), or in standalone mode the Pod's own status.
     pub(crate) fn container_statuses(
         &self,
         crr: &ContainerRecreateRequest,
     ) -> HashMap<String, SyncContainerStatus> {
         match self {
             Manager::Kruise => crr
-                .annotations()
-                .get(annotations::SYNC_CONTAINER_STATUSES)
-                .and_then(|raw| serde_json::from_str::<Vec<SyncContainerStatus>>(raw).ok())
-                .unwrap_or_default()
+                .container_snapshot()
                 .into_iter()
                 .map(|s| (s.name.clone(), s))
                 .collect(),

@@ -19,9 +19,10 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
 use k8s_openapi::api::core::v1::{Pod, PodCondition};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
@@ -33,9 +34,11 @@ use super::context::{self, Completion, Context};
 use super::manager::Step;
 use super::queue::Next;
 use super::watches::{SyncGate, Watched, follow};
-use super::{Agent, AgentError, PodKey, is_finished};
+use super::{Agent, AgentError, PodKey, is_finished, phase};
 use crate::crr::admission;
-use crate::crr::{ContainerRecreateRequest, SyncContainerStatus, annotations, labels};
+use crate::crr::client::{ApiVersion, CrrClient};
+use crate::crr::{ContainerRecreateRequest, Phase, SyncContainerStatus, annotations, labels};
+use crate::crr::{PRE_RECREATE_GRACE, pre_recreate_grace};
 use crate::metrics::CrrOutcome;
 use crate::telemetry::Chain;
 
@@ -75,8 +78,7 @@ impl Watched for Pod {
     }
 }
 
-pub(crate) fn watches(client: &kube::Client, node: &str) -> (Parts, Streams) {
-    let crrs = || Api::<ContainerRecreateRequest>::all(client.clone());
+pub(crate) fn watches(client: &kube::Client, crrs: &CrrClient, node: &str) -> (Parts, Streams) {
     let (pods, pod_writer) = reflector::store();
     let (unaccepted, unaccepted_writer) = reflector::store();
     let (finished, finished_writer) = reflector::store();
@@ -87,22 +89,18 @@ pub(crate) fn watches(client: &kube::Client, node: &str) -> (Parts, Streams) {
         )
         .reflect(pod_writer)
         .boxed(),
-        unaccepted: watcher(
-            crrs(),
-            watcher::Config::default().labels(&format!("!{}", labels::NODE_NAME)),
-        )
-        .reflect(unaccepted_writer)
-        .boxed(),
-        finished: watcher(
-            crrs(),
-            watcher::Config::default().labels(&format!(
+        unaccepted: crrs
+            .watch(watcher::Config::default().labels(&format!("!{}", labels::NODE_NAME)))
+            .reflect(unaccepted_writer)
+            .boxed(),
+        finished: crrs
+            .watch(watcher::Config::default().labels(&format!(
                 "{}={node},!{}",
                 labels::NODE_NAME,
                 labels::ACTIVE
-            )),
-        )
-        .reflect(finished_writer)
-        .boxed(),
+            )))
+            .reflect(finished_writer)
+            .boxed(),
     };
     let parts = Parts {
         deadlines: Mutex::new(HashMap::new()),
@@ -158,7 +156,7 @@ impl Parts {
         let store = store.clone();
         let pods = self.pods.clone();
         let client = ctx.client.clone();
-        let api = ctx.api(crr);
+        let crrs = ctx.crrs.clone();
         let metrics = Arc::clone(&ctx.metrics);
         let target = ObjectRef::from_obj(crr);
         let timer = tokio::spawn(async move {
@@ -171,7 +169,13 @@ impl Parts {
                 if is_finished(&latest) {
                     return;
                 }
-                match context::complete(&api, &latest, &Completion::DeadlineExceeded).await {
+                let mut next = (*latest).clone();
+                context::mark_completed(
+                    &mut next,
+                    &Completion::DeadlineExceeded,
+                    Time(Timestamp::now()),
+                );
+                match crrs.replace_status(&next).await {
                     Err(kube::Error::Api(status)) if status.code == 409 => {
                         tokio::time::sleep(Duration::from_millis(200)).await;
                     }
@@ -185,7 +189,8 @@ impl Parts {
                         // queue may be busy with the kill for a while.
                         let key = super::pod_key(&written);
                         let pod = pods.get(&ObjectRef::new(&key.pod).within(&key.namespace));
-                        if let Err(error) = release(&client, &written, pod.as_deref()).await {
+                        if let Err(error) = release(&client, &crrs, &written, pod.as_deref()).await
+                        {
                             warn!(error = %Chain(&error), "could not release a CRR past its deadline; its Pod's next pass will");
                         }
                         return;
@@ -294,15 +299,7 @@ pub(crate) async fn manage_pod(
         let left = i64::from(ttl) - (Timestamp::now().as_second() - done.0.as_second());
         if left <= 0 {
             info!(crr = %crr.name_any(), "deleting after ttlSecondsAfterFinished");
-            match ctx
-                .api(&crr)
-                .delete(&crr.name_any(), &DeleteParams::default())
-                .await
-            {
-                Ok(_) => {}
-                Err(kube::Error::Api(status)) if status.code == 404 => {}
-                Err(error) => return Err(error.into()),
-            }
+            ctx.crrs.delete(&crr).await?;
             wrote = true;
         } else {
             next = next.sooner(Next::After(Duration::from_secs(left.unsigned_abs())));
@@ -323,7 +320,7 @@ pub(crate) async fn manage_pod(
         .filter(|c| super::pod_key(c) == *key)
     {
         if is_finished(&crr) {
-            wrote |= release(&ctx.client, &crr, pod.as_deref()).await?;
+            wrote |= release(&ctx.client, &ctx.crrs, &crr, pod.as_deref()).await?;
             continue;
         }
         // The cache may lag: "gone" is confirmed with the API server first.
@@ -338,6 +335,9 @@ pub(crate) async fn manage_pod(
             ctx.complete(&crr, Completion::PodGone).await?;
             wrote = true;
             continue;
+        }
+        if ctx.crrs.version() == ApiVersion::V1beta1 && phase(&crr) == Phase::Recreating {
+            wrote |= write_snapshot(ctx, parts, &crr, key).await?;
         }
         if let Some(deadline) = crr.spec.active_deadline_seconds {
             let created = crr
@@ -362,6 +362,35 @@ pub(crate) async fn manage_pod(
     })
 }
 
+/// v1beta1's `containerStatusSnapshot`, as kruise-manager keeps it: the
+/// CRR's containers that run in the Pod, written when it changes, never
+/// emptied. crr-proxy itself reads the Pod; this is for v1beta1 readers.
+async fn write_snapshot(
+    ctx: &Context,
+    parts: &Parts,
+    crr: &ContainerRecreateRequest,
+    key: &PodKey,
+) -> Result<bool, AgentError> {
+    let running = parts.sync_statuses(key);
+    let snapshot: Vec<&SyncContainerStatus> = crr
+        .spec
+        .containers
+        .iter()
+        .filter_map(|c| running.get(&c.name))
+        .collect();
+    let current = crr
+        .status
+        .as_ref()
+        .map(|s| s.container_status_snapshot.iter().collect::<Vec<_>>())
+        .unwrap_or_default();
+    if snapshot.is_empty() || snapshot == current {
+        return Ok(false);
+    }
+    let patch = json!({"status": {"containerStatusSnapshot": snapshot}});
+    ctx.crrs.patch_status(crr, &patch).await?;
+    Ok(true)
+}
+
 /// The Pod as the API server has it now; `None` when it does not exist.
 async fn fresh_pod(ctx: &Context, key: &PodKey) -> Result<Option<Pod>, AgentError> {
     Ok(Api::<Pod>::namespaced(ctx.client.clone(), &key.namespace)
@@ -380,7 +409,6 @@ async fn accept(
     let runtime = ctx.runtime_name().await?;
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let containers = ctx.pod_containers(&uid, runtime).await?;
-    let api = ctx.api(crr);
     match admission::admit(crr, pod, &containers) {
         Ok(accepted) => {
             info!(crr = %crr.name_any(), pod = %pod.name_any(), "accepting");
@@ -388,7 +416,7 @@ async fn accept(
                 "metadata": {"labels": accepted.labels, "resourceVersion": crr.resource_version()},
                 "spec": accepted.spec,
             });
-            merge(&api, crr, &patch).await?;
+            ctx.crrs.patch(crr, &patch).await?;
         }
         Err(message) => {
             info!(crr = %crr.name_any(), %message, "refusing");
@@ -403,7 +431,7 @@ async fn accept(
             );
             node_labels.insert(labels::POD_UID.to_owned(), Some(uid));
             let patch = json!({"metadata": {"labels": node_labels}});
-            let labelled = merge(&api, crr, &patch).await?;
+            let labelled = ctx.crrs.patch(crr, &patch).await?;
             // A lagging cache may bring a refusal back once it is done.
             if !is_finished(&labelled) {
                 ctx.complete(&labelled, Completion::Refused(message))
@@ -431,7 +459,7 @@ pub(crate) async fn acquire_unready(
         if !finalizers.iter().any(|f| f == UNREADY_FINALIZER) {
             finalizers.push(UNREADY_FINALIZER.into());
             let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": crr.resource_version()}});
-            merge(&ctx.api(crr), crr, &patch).await?;
+            ctx.crrs.patch(crr, &patch).await?;
         }
         set_not_ready_key(
             &ctx.client,
@@ -441,9 +469,23 @@ pub(crate) async fn acquire_unready(
         )
         .await?;
     }
-    let stamp = Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
-    let patch = json!({"metadata": {"annotations": {annotations::UNREADY_ACQUIRED: stamp}}});
-    merge(&ctx.api(crr), crr, &patch).await?;
+    // v1beta1 keeps the time in a condition, v1alpha1 in an annotation.
+    if ctx.crrs.version() == ApiVersion::V1beta1 {
+        let mut conditions: Vec<Condition> = crr
+            .status
+            .iter()
+            .flat_map(|s| s.conditions.iter())
+            .filter(|c| c.type_ != PRE_RECREATE_GRACE)
+            .cloned()
+            .collect();
+        conditions.push(pre_recreate_grace(Timestamp::now()));
+        let patch = json!({"status": {"conditions": conditions}});
+        ctx.crrs.patch_status(crr, &patch).await?;
+    } else {
+        let stamp = Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+        let patch = json!({"metadata": {"annotations": {annotations::UNREADY_ACQUIRED: stamp}}});
+        ctx.crrs.patch(crr, &patch).await?;
+    }
     Ok(())
 }
 
@@ -451,13 +493,10 @@ pub(crate) async fn acquire_unready(
 /// finalizer, then removes the active label. Says whether it wrote.
 async fn release(
     client: &kube::Client,
+    crrs: &CrrClient,
     crr: &ContainerRecreateRequest,
     pod: Option<&Pod>,
 ) -> Result<bool, AgentError> {
-    let api = Api::<ContainerRecreateRequest>::namespaced(
-        client.clone(),
-        &crr.namespace().unwrap_or_default(),
-    );
     let mut wrote = false;
     let mut current = crr.clone();
     if current.finalizers().iter().any(|f| f == UNREADY_FINALIZER) {
@@ -471,7 +510,7 @@ async fn release(
             .filter(|f| *f != UNREADY_FINALIZER)
             .collect();
         let patch = json!({"metadata": {"finalizers": rest, "resourceVersion": current.resource_version()}});
-        current = merge(&api, crr, &patch).await?;
+        current = crrs.patch(crr, &patch).await?;
         wrote = true;
     }
     if current.meta().deletion_timestamp.is_some() {
@@ -479,24 +518,10 @@ async fn release(
     }
     if current.labels().contains_key(labels::ACTIVE) {
         let patch = json!({"metadata": {"labels": {labels::ACTIVE: null}}});
-        merge(&api, crr, &patch).await?;
+        crrs.patch(crr, &patch).await?;
         wrote = true;
     }
     Ok(wrote)
-}
-
-/// A JSON merge patch of the CRR's main resource (metadata, spec).
-async fn merge(
-    api: &Api<ContainerRecreateRequest>,
-    crr: &ContainerRecreateRequest,
-    patch: &serde_json::Value,
-) -> Result<ContainerRecreateRequest, kube::Error> {
-    api.patch(
-        &crr.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(patch),
-    )
-    .await
 }
 
 fn has_gate(pod: &Pod) -> bool {

@@ -27,6 +27,9 @@ use tokio::net::TcpListener;
 use tokio::sync::{broadcast, mpsc, watch};
 
 use super::policy::{self, Attributes, Policy, UserInfo};
+use super::versions::View;
+#[allow(unused_imports)] // each test binary uses a different part
+pub use super::versions::{Conversion, CrrVersions};
 
 const HISTORY: usize = 10_000;
 
@@ -47,7 +50,9 @@ pub enum Resource {
 impl Resource {
     fn from_path(group_version: &str, plural: &str) -> Option<Self> {
         Some(match (group_version, plural) {
-            ("apps.kruise.io/v1alpha1", "containerrecreaterequests") => Resource::Crr,
+            ("apps.kruise.io/v1alpha1" | "apps.kruise.io/v1beta1", "containerrecreaterequests") => {
+                Resource::Crr
+            }
             ("v1", "pods") => Resource::Pod,
             ("v1", "nodes") => Resource::Node,
             ("v1", "events") => Resource::CoreEvent,
@@ -330,6 +335,22 @@ struct Inner {
     writes: Mutex<Vec<Written>>,
     /// Watches ended with `410 Expired` so far.
     expired: Arc<std::sync::atomic::AtomicUsize>,
+    /// Which CRR versions are served, and how they convert.
+    crr_versions: Mutex<CrrVersions>,
+}
+
+/// A watch as its request asked for it.
+struct WatchRequest {
+    resource: Resource,
+    namespace: Option<String>,
+    selector: Selector,
+    from: u64,
+    timeout: Duration,
+    /// `allowWatchBookmarks=true`.
+    bookmarks: bool,
+    /// How CRRs are shown, and the apiVersion of bookmarks.
+    view: View,
+    view_version: String,
 }
 
 /// One write request as it reached the server.
@@ -409,6 +430,7 @@ impl FakeApiServer {
             watches: Mutex::new(Watches::default()),
             writes: Mutex::new(Vec::new()),
             expired: Arc::default(),
+            crr_versions: Mutex::new(CrrVersions::default()),
         });
         let server = Self { url, inner };
         let handle = server.clone();
@@ -471,6 +493,23 @@ impl FakeApiServer {
     /// last page is in (kube-runtime swaps it at InitDone).
     pub fn set_list_pages(&self, size: usize, delay: Duration) {
         *lock(&self.inner.pages) = Some((size, delay));
+    }
+
+    /// From now on, CRRs are served (and new ones stored) as `versions`
+    /// says; set it before creating any.
+    pub fn set_crr_versions(&self, versions: CrrVersions) {
+        *lock(&self.inner.crr_versions) = versions;
+    }
+
+    pub fn crr_versions(&self) -> CrrVersions {
+        *lock(&self.inner.crr_versions)
+    }
+
+    fn stored_api_version(&self, resource: Resource) -> String {
+        match resource {
+            Resource::Crr => format!("apps.kruise.io/{}", self.crr_versions().storage()),
+            _ => resource.api_version().to_owned(),
+        }
     }
 
     /// How many watches ended with `410 Expired` so far.
@@ -675,7 +714,7 @@ impl FakeApiServer {
             hook(Operation::Create, resource, &mut obj, None, &store)?;
         }
         self.admit_policies("CREATE", &key, false, Some(&obj), None)?;
-        obj["apiVersion"] = json!(resource.api_version());
+        obj["apiVersion"] = json!(self.stored_api_version(resource));
         obj["kind"] = json!(resource.kind());
         let meta = &mut obj["metadata"];
         meta["namespace"] = json!(key.1);
@@ -702,7 +741,23 @@ impl FakeApiServer {
         obj: Value,
         status: bool,
     ) -> Result<Value, ApiError> {
-        self.modify(resource, namespace, name, status, |current| {
+        self.update_as(View::Stored, resource, namespace, name, obj, status)
+    }
+
+    fn update_as(
+        &self,
+        view: View,
+        resource: Resource,
+        namespace: &str,
+        name: &str,
+        obj: Value,
+        status: bool,
+    ) -> Result<Value, ApiError> {
+        let beta = resource == Resource::Crr
+            && view == View::Stored
+            && self.crr_versions() != CrrVersions::V1alpha1Only;
+        self.modify(resource, namespace, name, status, |stored| {
+            let current = &view.present(stored);
             let requested = resource_version(&obj);
             if requested.is_empty() && resource == Resource::Crr {
                 return Err(ApiError::new(
@@ -734,7 +789,11 @@ impl FakeApiServer {
                         .unwrap_or(Value::Null);
                 }
             }
-            Ok((next, requested.to_owned()))
+            // A v1beta1 request is judged by v1beta1's schema.
+            if beta {
+                super::versions::validate_v1beta1(&next)?;
+            }
+            Ok((view.store(&next), requested.to_owned()))
         })
     }
 
@@ -747,7 +806,23 @@ impl FakeApiServer {
         patch: &Value,
         status: bool,
     ) -> Result<Value, ApiError> {
-        self.modify(resource, namespace, name, status, |current| {
+        self.patch_as(View::Stored, resource, namespace, name, patch, status)
+    }
+
+    fn patch_as(
+        &self,
+        view: View,
+        resource: Resource,
+        namespace: &str,
+        name: &str,
+        patch: &Value,
+        status: bool,
+    ) -> Result<Value, ApiError> {
+        let beta = resource == Resource::Crr
+            && view == View::Stored
+            && self.crr_versions() != CrrVersions::V1alpha1Only;
+        self.modify(resource, namespace, name, status, |stored| {
+            let current = &view.present(stored);
             let requested = resource_version(patch);
             let mut next = current.clone();
             if status {
@@ -763,7 +838,11 @@ impl FakeApiServer {
                 }
                 merge_patch(&mut next, &patch);
             }
-            Ok((next, requested.to_owned()))
+            // A v1beta1 request is judged by v1beta1's schema.
+            if beta {
+                super::versions::validate_v1beta1(&next)?;
+            }
+            Ok((view.store(&next), requested.to_owned()))
         })
     }
 
@@ -784,6 +863,10 @@ impl FakeApiServer {
             .cloned()
             .ok_or_else(|| ApiError::not_found(resource, name))?;
         let (mut next, requested) = change(&current)?;
+        if resource == Resource::Crr {
+            // Every write stores the storage version.
+            next["apiVersion"] = json!(self.stored_api_version(resource));
+        }
         let current_rv = current["metadata"]["resourceVersion"]
             .as_str()
             .unwrap_or("")
@@ -1072,6 +1155,9 @@ impl FakeApiServer {
                                 "metadata": {"creationTimestamp": null}, "status": {"userInfo": user}});
             return Ok(respond(201, &review));
         }
+        if let ["apis", group, version] = path.as_slice() {
+            return self.discovery(group, version);
+        }
         let (group_version, rest) = match path.as_slice() {
             ["api", version, rest @ ..] => ((*version).to_owned(), rest),
             ["apis", group, version, rest @ ..] => (format!("{group}/{version}"), rest),
@@ -1106,6 +1192,23 @@ impl FakeApiServer {
                 "the server could not find the requested resource",
             )
         })?;
+        // CRRs are seen through the version the request names.
+        let view = if resource == Resource::Crr {
+            let version = group_version.rsplit('/').next().unwrap_or_default();
+            self.crr_versions().view(version).ok_or_else(|| {
+                ApiError::new(
+                    404,
+                    "NotFound",
+                    "the server could not find the requested resource",
+                )
+            })?
+        } else {
+            View::Stored
+        };
+        let view_version = match view {
+            View::Alpha(_) => "apps.kruise.io/v1alpha1".to_owned(),
+            View::Stored => self.stored_api_version(resource),
+        };
         let status = match subresource {
             None => false,
             Some("status") if resource.has_status() => true,
@@ -1160,7 +1263,15 @@ impl FakeApiServer {
             }
         }
         let ns = namespace.clone().unwrap_or_default();
-        let ok = |code: u16, obj: Value| Ok(respond(code, &obj));
+        // A CRR shows the apiVersion asked for, whatever it is stored as.
+        let present = |obj: &Value| {
+            let mut shown = view.present(obj);
+            if resource == Resource::Crr {
+                shown["apiVersion"] = json!(view_version);
+            }
+            shown
+        };
+        let ok = |code: u16, obj: Value| Ok(respond(code, &present(&obj)));
         match (&parts.method, name) {
             (&Method::GET, None) => {
                 let selector = Selector::parse(
@@ -1178,14 +1289,16 @@ impl FakeApiServer {
                         .unwrap_or(290);
                     let bookmarks =
                         query.get("allowWatchBookmarks").map(String::as_str) == Some("true");
-                    return Ok(self.watch(
+                    return Ok(self.watch(WatchRequest {
                         resource,
                         namespace,
                         selector,
                         from,
-                        Duration::from_secs(timeout),
+                        timeout: Duration::from_secs(timeout),
                         bookmarks,
-                    ));
+                        view,
+                        view_version,
+                    }));
                 }
                 let pages = *lock(&self.inner.pages);
                 // `continue` is "<resourceVersion>/<offset>": later pages
@@ -1215,7 +1328,8 @@ impl FakeApiServer {
                     items.truncate(size);
                     metadata["continue"] = json!(format!("{rv}/{}", offset + size));
                 }
-                let list = json!({"kind": format!("{}List", resource.kind()), "apiVersion": resource.api_version(),
+                let items: Vec<Value> = items.iter().map(present).collect();
+                let list = json!({"kind": format!("{}List", resource.kind()), "apiVersion": view_version,
                                   "metadata": metadata, "items": items});
                 ok(200, list)
             }
@@ -1223,11 +1337,15 @@ impl FakeApiServer {
                 .get(resource, &ns, name)
                 .ok_or_else(|| ApiError::not_found(resource, name))
                 .and_then(|obj| ok(200, obj)),
-            (&Method::POST, None) => self
-                .create(resource, &ns, parse()?)
-                .and_then(|obj| ok(201, obj)),
+            (&Method::POST, None) => {
+                let obj = view.store(&parse()?);
+                if resource == Resource::Crr && obj["apiVersion"] == "apps.kruise.io/v1beta1" {
+                    super::versions::validate_v1beta1(&obj)?;
+                }
+                self.create(resource, &ns, obj).and_then(|obj| ok(201, obj))
+            }
             (&Method::PUT, Some(name)) => self
-                .update(resource, &ns, name, parse()?, status)
+                .update_as(view, resource, &ns, name, parse()?, status)
                 .and_then(|obj| ok(200, obj)),
             (&Method::PATCH, Some(name)) => {
                 let content_type = parts
@@ -1244,7 +1362,7 @@ impl FakeApiServer {
                         format!("patch type {content_type}"),
                     ));
                 }
-                self.patch(resource, &ns, name, &parse()?, status)
+                self.patch_as(view, resource, &ns, name, &parse()?, status)
                     .and_then(|obj| ok(200, obj))
             }
             (&Method::DELETE, Some(name)) => {
@@ -1259,15 +1377,52 @@ impl FakeApiServer {
         }
     }
 
-    fn watch(
+    /// `GET /apis/<group>/<version>`: the resources served there.
+    fn discovery(
         &self,
-        resource: Resource,
-        namespace: Option<String>,
-        selector: Selector,
-        from: u64,
-        timeout: Duration,
-        bookmarks: bool,
-    ) -> Response<BoxBody<Bytes, Infallible>> {
+        group: &str,
+        version: &str,
+    ) -> Result<Response<BoxBody<Bytes, Infallible>>, ApiError> {
+        let group_version = format!("{group}/{version}");
+        let mut resources = Vec::new();
+        for resource in [Resource::Crr, Resource::Event] {
+            let (g, plural) = resource.group_resource();
+            let served = match resource {
+                Resource::Crr => g == group && self.crr_versions().served().contains(&version),
+                _ => resource.api_version() == group_version,
+            };
+            if served {
+                resources.push(json!({"name": plural, "singularName": "", "namespaced": true,
+                    "kind": resource.kind(), "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]}));
+                if resource.has_status() {
+                    resources.push(json!({"name": format!("{plural}/status"), "singularName": "",
+                        "namespaced": true, "kind": resource.kind(), "verbs": ["get", "patch", "update"]}));
+                }
+            }
+        }
+        if resources.is_empty() && group != "apps.kruise.io" {
+            return Err(ApiError::new(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+            ));
+        }
+        let list = json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version,
+                          "resources": resources});
+        Ok(respond(200, &list))
+    }
+
+    fn watch(&self, request: WatchRequest) -> Response<BoxBody<Bytes, Infallible>> {
+        let WatchRequest {
+            resource,
+            namespace,
+            selector,
+            from,
+            timeout,
+            bookmarks,
+            view,
+            view_version,
+        } = request;
         let (tx, rx) = mpsc::channel::<Frame<Bytes>>(256);
         let watches = lock(&self.inner.watches).clone();
         let lag = watches.lag.get(&resource).copied().unwrap_or_default();
@@ -1275,7 +1430,17 @@ impl FakeApiServer {
             .bookmarks
             .filter(|_| bookmarks)
             .unwrap_or(Duration::from_secs(3600));
-        let line = |kind: &str, obj: &Value| {
+        let shown_version = view_version.clone();
+        let line = move |kind: &str, obj: &Value| {
+            let obj = if kind == "ERROR" {
+                obj.clone()
+            } else {
+                let mut shown = view.present(obj);
+                if resource == Resource::Crr {
+                    shown["apiVersion"] = json!(shown_version);
+                }
+                shown
+            };
             let mut text = json!({"type": kind, "object": obj}).to_string();
             text.push('\n');
             Frame::data(Bytes::from(text))
@@ -1338,7 +1503,7 @@ impl FakeApiServer {
         };
         let expired_count = Arc::clone(&self.inner.expired);
         let bookmark = move |rv: u64| {
-            json!({"kind": resource.kind(), "apiVersion": resource.api_version(),
+            json!({"kind": resource.kind(), "apiVersion": view_version.clone(),
                    "metadata": {"resourceVersion": rv.to_string()}})
         };
         tokio::spawn(async move {

@@ -12,6 +12,7 @@ pub mod policy;
 pub mod raw;
 pub mod roles;
 pub mod upstream;
+pub mod versions;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -6,7 +6,9 @@
 //!   defaults, refusals) and controller (sync-container-statuses, the
 //!   unready stamp and KruisePodReady, deadline, "pod has gone", completion
 //!   cleanup: readiness, finalizer, active label, TTL), as
-//!   `shared/research/crr-semantics.md` §2.1–§2.2 describe them. The
+//!   `shared/research/crr-semantics.md` §2.1–§2.2 describe them; on a
+//!   cluster that stores v1beta1, master's (crr-v1beta1.md §5: the status
+//!   snapshot and the PreRecreateGrace condition, merge-patched status). The
 //!   controller reads through a cache that trails the API server.
 
 use std::collections::HashMap;
@@ -19,7 +21,9 @@ use crr_proxy::kill::keys;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
-use super::apiserver::{ApiError, ChangeKind, FakeApiServer, Operation, Resource, Selector, now};
+use super::apiserver::{
+    ApiError, ChangeKind, CrrVersions, FakeApiServer, Operation, Resource, Selector, now,
+};
 
 pub const NAMESPACE: &str = "default";
 pub const KRUISE_POD_READY: &str = "KruisePodReady";
@@ -102,11 +106,13 @@ impl KruiseManager {
     pub fn start_with_lag(api: &FakeApiServer, lag: Duration) -> Self {
         api.add_admission(Arc::new(webhook));
         let (cache, feeder) = Cache::follow(api, lag);
+        // On a cluster that stores v1beta1, the manager is master's.
+        let master = api.crr_versions() != CrrVersions::V1alpha1Only;
         let api = api.clone();
         let task = tokio::spawn(async move {
             loop {
                 for crr in cache.list(Resource::Crr) {
-                    reconcile(&api, &cache, &crr);
+                    reconcile(&api, &cache, &crr, master);
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
@@ -401,8 +407,18 @@ fn seconds_since(stamp: &Value) -> i64 {
     k8s_openapi::jiff::Timestamp::now().as_second() - at.as_second()
 }
 
-fn complete(api: &FakeApiServer, crr: &Value, message: &str) {
+/// v1.9 updates the status from its cached copy (a conflict on a stale
+/// copy); master merge-patches it, with no resourceVersion.
+fn complete(api: &FakeApiServer, crr: &Value, message: &str, master: bool) {
     let (ns, name) = crr_key(crr);
+    if master {
+        let mut status = json!({"phase": "Completed", "completionTime": now()});
+        if !message.is_empty() {
+            status["message"] = json!(message);
+        }
+        let _ = api.patch(Resource::Crr, &ns, &name, &json!({"status": status}), true);
+        return;
+    }
     let mut next = crr.clone();
     next["status"]["phase"] = json!("Completed");
     next["status"]["completionTime"] = json!(now());
@@ -411,7 +427,7 @@ fn complete(api: &FakeApiServer, crr: &Value, message: &str) {
 }
 
 /// The manager's reconcile of one CRR (§2.2).
-fn reconcile(api: &FakeApiServer, cache: &Cache, crr: &Value) {
+fn reconcile(api: &FakeApiServer, cache: &Cache, crr: &Value, master: bool) {
     let (ns, name) = crr_key(crr);
     let pod_name = crr["spec"]["podName"]
         .as_str()
@@ -468,14 +484,14 @@ fn reconcile(api: &FakeApiServer, cache: &Cache, crr: &Value) {
         }
     };
     if pod_gone {
-        complete(api, crr, "pod has gone");
+        complete(api, crr, "pod has gone", master);
         return;
     }
     let Some(pod) = pod else { return };
     let phase = crr["status"]["phase"].as_str().unwrap_or("");
     let age = seconds_since(&crr["metadata"]["creationTimestamp"]);
     if phase.is_empty() && age > 60 {
-        complete(api, crr, "daemon has not responded for a long time");
+        complete(api, crr, "daemon has not responded for a long time", master);
         return;
     }
     if let Some(deadline) = crr["spec"]["activeDeadlineSeconds"].as_i64() {
@@ -484,6 +500,7 @@ fn reconcile(api: &FakeApiServer, cache: &Cache, crr: &Value) {
                 api,
                 crr,
                 "recreating has exceeded the activeDeadlineSeconds",
+                master,
             );
             return;
         }
@@ -491,12 +508,16 @@ fn reconcile(api: &FakeApiServer, cache: &Cache, crr: &Value) {
     if phase != "Recreating" {
         return;
     }
-    sync_container_statuses(api, crr, &pod);
+    sync_container_statuses(api, crr, &pod, master);
     let unready = &crr["spec"]["strategy"]["unreadyGracePeriodSeconds"];
-    let stamp = crr["metadata"]["annotations"][UNREADY_ANNOTATION]
-        .as_str()
-        .unwrap_or("");
-    if !unready.is_null() && stamp.is_empty() {
+    let stamped = if master {
+        grace_condition(crr).is_some()
+    } else {
+        crr["metadata"]["annotations"][UNREADY_ANNOTATION]
+            .as_str()
+            .is_some_and(|s| !s.is_empty())
+    };
+    if !unready.is_null() && !stamped {
         let gated = pod["spec"]["readinessGates"]
             .as_array()
             .is_some_and(|gates| gates.iter().any(|g| g["conditionType"] == KRUISE_POD_READY));
@@ -514,13 +535,37 @@ fn reconcile(api: &FakeApiServer, cache: &Cache, crr: &Value) {
             }
             set_not_ready_key(api, &pod, &format!("{ns}/{name}"), true);
         }
-        let patch = json!({"metadata": {"annotations": {UNREADY_ANNOTATION: now()}}});
-        let _ = api.patch(Resource::Crr, &ns, &name, &patch, false);
+        if master {
+            // meta.SetStatusCondition, then the whole list merge-patched.
+            let mut conditions: Vec<Value> = crr["status"]["conditions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|c| c["type"] != "PreRecreateGrace")
+                .collect();
+            conditions.push(json!({"type": "PreRecreateGrace", "status": "True",
+                "lastTransitionTime": now(), "reason": "PreRecreateGrace",
+                "message": "Pod has been forced to not-ready for unreadyGracePeriodSeconds drain"}));
+            let patch = json!({"status": {"conditions": conditions}});
+            let _ = api.patch(Resource::Crr, &ns, &name, &patch, true);
+        } else {
+            let patch = json!({"metadata": {"annotations": {UNREADY_ANNOTATION: now()}}});
+            let _ = api.patch(Resource::Crr, &ns, &name, &patch, false);
+        }
     }
 }
 
+/// Master's PreRecreateGrace condition, when True.
+fn grace_condition(crr: &Value) -> Option<&Value> {
+    crr["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "PreRecreateGrace" && c["status"] == "True")
+}
+
 /// §1.7: the CRR's containers that run in the Pod since the CRR was created.
-fn sync_container_statuses(api: &FakeApiServer, crr: &Value, pod: &Value) {
+fn sync_container_statuses(api: &FakeApiServer, crr: &Value, pod: &Value, master: bool) {
     let (ns, name) = crr_key(crr);
     let created = seconds_since(&crr["metadata"]["creationTimestamp"]);
     let wanted: Vec<&str> = crr["spec"]["containers"]
@@ -547,6 +592,19 @@ fn sync_container_statuses(api: &FakeApiServer, crr: &Value, pod: &Value) {
             entry["containerID"] = json!(id);
         }
         synced.push(entry);
+    }
+    if master {
+        // status.containerStatusSnapshot: never emptied, never rewritten as is.
+        let current = crr["status"]["containerStatusSnapshot"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if (synced.is_empty() && !current.is_empty()) || synced == current {
+            return;
+        }
+        let patch = json!({"status": {"containerStatusSnapshot": synced}});
+        let _ = api.patch(Resource::Crr, &ns, &name, &patch, true);
+        return;
     }
     let text = Value::Array(synced).to_string();
     if crr["metadata"]["annotations"][SYNC_ANNOTATION].as_str() != Some(text.as_str()) {
