@@ -41,7 +41,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use tokio::sync::{Semaphore, watch};
-use tracing::{Instrument, error, info, info_span, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::config::AgentSettings;
 use crate::cri::Endpoint;
@@ -243,48 +243,90 @@ pub async fn run(
         metrics,
     } = config;
     let selector = format!("{}={node_name},{}=true", labels::NODE_NAME, labels::ACTIVE);
+    let ready = Arc::new(synced);
     tokio::pin!(shutdown);
-    let version = tokio::select! {
+    let mut version = tokio::select! {
         version = discover(&client) => version,
         () = &mut shutdown => return,
     };
-    let crrs = CrrClient::new(client.clone(), version);
-    let (store, writer) = reflector::store();
-    let active = crrs
-        .watch(watcher::Config::default().labels(&selector))
-        .reflect(writer);
-    let reporter = Reporter {
-        controller: REPORTER.into(),
-        instance: Some(truncated(node_name.clone(), INSTANCE_LIMIT, "")),
-    };
-    let (manager, streams) = Manager::new(mode, &client, &crrs, &node_name);
-    let recorder = Recorder::new(client.clone(), reporter);
-    let records = KillRecords { recreated, kills };
-    let agent = Arc::new(Agent {
-        ctx: Context::new(client, version, cri, killer, records, recorder, metrics),
-        store,
-        queue: Queue::default(),
-        manager,
-    });
-    info!(node = %node_name, %selector, ?mode, version = version.as_str(), "watching ContainerRecreateRequests");
-    let gate = Arc::new(SyncGate::new(if streams.is_some() { 4 } else { 1 }, synced));
-    let (stop, stopping) = watch::channel(false);
-    let dispatcher = tokio::spawn(Arc::clone(&agent).dispatch(Arc::clone(&gate), stopping));
-    let mut followers = vec![tokio::spawn(follow(
-        active,
-        "active CRRs",
-        Arc::clone(&agent),
-        Arc::clone(&gate),
-    ))];
-    if let Some(streams) = streams {
-        followers.extend(streams.spawn(&agent, &gate));
-    }
-    shutdown.await;
-    info!("agent stopping: no new work; waiting for the work in flight");
-    let _ = stop.send(true);
-    let _ = dispatcher.await;
-    for follower in followers {
-        follower.abort();
+    loop {
+        let crrs = CrrClient::new(client.clone(), version);
+        let (store, writer) = reflector::store();
+        let active = crrs
+            .watch(watcher::Config::default().labels(&selector))
+            .reflect(writer);
+        let reporter = Reporter {
+            controller: REPORTER.into(),
+            instance: Some(truncated(node_name.clone(), INSTANCE_LIMIT, "")),
+        };
+        let (manager, streams) = Manager::new(mode, &client, &crrs, &node_name);
+        let recorder = Recorder::new(client.clone(), reporter);
+        let records = KillRecords {
+            recreated: Arc::clone(&recreated),
+            kills: Arc::clone(&kills),
+        };
+        let ctx = Context::new(
+            client.clone(),
+            version,
+            cri.clone(),
+            killer.clone(),
+            records,
+            recorder,
+            Arc::clone(&metrics),
+        );
+        let agent = Arc::new(Agent {
+            ctx,
+            store,
+            queue: Queue::default(),
+            manager,
+        });
+        info!(node = %node_name, %selector, ?mode, version = version.as_str(), "watching ContainerRecreateRequests");
+        let watches = if streams.is_some() { 4 } else { 1 };
+        let gate = Arc::new(SyncGate::new(watches, Arc::clone(&ready)));
+        let (stop, stopping) = watch::channel(false);
+        let dispatcher = tokio::spawn(Arc::clone(&agent).dispatch(Arc::clone(&gate), stopping));
+        let mut followers = vec![tokio::spawn(follow(
+            active,
+            "active CRRs",
+            Arc::clone(&agent),
+            Arc::clone(&gate),
+        ))];
+        if let Some(streams) = streams {
+            followers.extend(streams.spawn(&agent, &gate));
+        }
+        // After a relist, the version the cluster serves may have changed
+        // (OpenKruise upgraded): then everything starts over with it.
+        let changed = async {
+            loop {
+                gate.relisted().await;
+                match ApiVersion::discover(&client).await {
+                    Ok(now) if now != version => return now,
+                    Ok(_) => {}
+                    Err(error) => debug!(%error, "cannot tell which CRR version is served now"),
+                }
+            }
+        };
+        let next = tokio::select! {
+            () = &mut shutdown => None,
+            now = changed => Some(now),
+        };
+        info!("agent stopping: no new work; waiting for the work in flight");
+        let _ = stop.send(true);
+        let _ = dispatcher.await;
+        for follower in followers {
+            follower.abort();
+        }
+        match next {
+            Some(now) => {
+                info!(
+                    from = version.as_str(),
+                    to = now.as_str(),
+                    "the cluster serves CRRs in another version now; starting over"
+                );
+                version = now;
+            }
+            None => break,
+        }
     }
     info!("agent stopped");
 }

@@ -777,6 +777,42 @@ async fn a_crr_stored_before_the_crd_upgrade_completes() {
     assert_recreated(&done, &pod, &["app"]);
 }
 
+/// OpenKruise upgraded from v1.9 to master while crr-proxy runs: once its
+/// watches list again (the API server restarted, every watch answered 410),
+/// the agent finds v1beta1 served and starts over with it, so a CRR created
+/// after the upgrade completes with the typed fields and no legacy
+/// annotations.
+async fn an_openkruise_upgrade_moves_the_agent_to_v1beta1() {
+    let mut cluster = Cluster::new(Mode::Kruise).await;
+    cluster.kubelet.run_pod(app_and_sidecar("upgraded")).await;
+    cluster
+        .api
+        .set_crr_versions(CrrVersions::Both(Conversion::Webhook));
+    cluster._manager = None;
+    cluster._manager = Some(KruiseManager::start(&cluster.api));
+    cluster.api.compact();
+    // The relist and the discovery after it take milliseconds.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let spec = json!({"podName": "upgraded", "containers": [{"name": "app"}],
+                      "strategy": {"unreadyGracePeriodSeconds": 1}});
+    create_as(&cluster, ApiVersion::V1beta1, "crr-upgraded", spec).await;
+    let done = cluster
+        .completed("crr-upgraded", Duration::from_secs(30))
+        .await;
+    assert!(done["status"]["message"].is_null(), "{done}");
+    for annotation in [
+        "crr.apps.kruise.io/sync-container-statuses",
+        "crr.apps.kruise.io/unready-acquired",
+    ] {
+        let value = &done["metadata"]["annotations"][annotation];
+        assert!(value.is_null() || value == "", "{annotation} is {value}");
+    }
+    assert!(
+        done["status"]["containerStatusSnapshot"].is_array(),
+        "{done}"
+    );
+}
+
 /// master's e2e case 9: through the conversion webhook, a v1alpha1 reader
 /// sees a v1beta1 CRR's PreRecreateGrace as the unready-acquired annotation.
 async fn v1alpha1_readers_see_the_grace_as_its_annotation() {
@@ -1320,6 +1356,11 @@ macro_rules! in_both_modes {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn v1alpha1_readers_see_the_grace_as_its_annotation() {
                 super::v1alpha1_readers_see_the_grace_as_its_annotation().await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn an_openkruise_upgrade_moves_the_agent_to_v1beta1() {
+                super::an_openkruise_upgrade_moves_the_agent_to_v1beta1().await
             }
         }
 

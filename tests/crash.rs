@@ -141,13 +141,21 @@ impl Node {
     }
 
     async fn completed(&self) -> Value {
-        wait_for(Duration::from_secs(30), || {
+        let done = wait_for(Duration::from_secs(30), || {
             self.api
                 .get(Resource::Crr, NAMESPACE, "restart-app")
                 .filter(|c| c["status"]["phase"] == "Completed")
         })
-        .await
-        .expect("the CRR completed after the restart")
+        .await;
+        done.unwrap_or_else(|| {
+            let log = |name: &str| std::fs::read_to_string(self.listen.with_file_name(name)).unwrap_or_default();
+            panic!(
+                "the CRR did not complete after the restart: {:?}\n--- first.log\n{}\n--- second.log\n{}",
+                self.api.get(Resource::Crr, NAMESPACE, "restart-app"),
+                log("first.log"),
+                log("second.log")
+            )
+        })
     }
 
     /// The app's restarts, as the kubelet role reports them.

@@ -6,38 +6,51 @@ use std::sync::{Arc, Mutex};
 
 use futures_util::StreamExt;
 use kube::runtime::watcher;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tracing::warn;
 
 use super::backoff::WatchBackoff;
 use super::{Agent, PodKey, pod_key};
 use crate::crr::ContainerRecreateRequest;
 
-/// Turns true once every watch has synced once.
+/// Turns true once every watch has synced once; and tells who asks when a
+/// watch lists again.
 pub(crate) struct SyncGate {
     waiting: Mutex<usize>,
-    synced: watch::Sender<bool>,
+    /// This set of watches has synced.
+    local: watch::Sender<bool>,
+    /// The agent is ready (it stays so across a restart of its watches).
+    ready: Arc<watch::Sender<bool>>,
+    relisted: Notify,
 }
 
 impl SyncGate {
-    pub(crate) fn new(watches: usize, synced: watch::Sender<bool>) -> Self {
+    pub(crate) fn new(watches: usize, ready: Arc<watch::Sender<bool>>) -> Self {
         Self {
             waiting: Mutex::new(watches),
-            synced,
+            local: watch::channel(false).0,
+            ready,
+            relisted: Notify::new(),
         }
     }
 
     /// Returns once every watch has synced once.
     pub(crate) async fn wait(&self) {
-        let mut synced = self.synced.subscribe();
+        let mut synced = self.local.subscribe();
         let _ = synced.wait_for(|synced| *synced).await;
+    }
+
+    /// Returns when a watch starts listing (again).
+    pub(crate) async fn relisted(&self) {
+        self.relisted.notified().await;
     }
 
     fn one_synced(&self) {
         if let Ok(mut waiting) = self.waiting.lock() {
             *waiting = waiting.saturating_sub(1);
             if *waiting == 0 {
-                let _ = self.synced.send(true);
+                let _ = self.local.send(true);
+                let _ = self.ready.send(true);
             }
         }
     }
@@ -123,7 +136,12 @@ pub(crate) async fn follow<K, S>(
                     gate.one_synced();
                 }
             }
-            Ok(watcher::Event::Init) => listing.clear(),
+            Ok(watcher::Event::Init) => {
+                listing.clear();
+                // After a 410 the cluster may serve other versions (an
+                // upgrade): whoever waits looks again.
+                gate.relisted.notify_one();
+            }
             // The watcher re-lists (410 Gone) or watches again once polled;
             // the reflector keeps the last state meanwhile.
             Err(error) => {

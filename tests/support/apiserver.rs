@@ -626,6 +626,11 @@ impl FakeApiServer {
         lock(&self.inner.admission).push(hook);
     }
 
+    /// Removes every admission hook (the webhook's server went away).
+    pub fn clear_admission(&self) {
+        lock(&self.inner.admission).clear();
+    }
+
     /// Forgets the history and ends every watch: resuming from any earlier
     /// resourceVersion now answers `410 Gone`, as after etcd compaction.
     pub fn compact(&self) {

@@ -91,6 +91,7 @@ pub async fn runtime_containers(
 /// kruise's does, through an informer cache: a copy of the CRRs and Pods
 /// that trails the API server by [`CACHE_LAG`]; it writes to the server.
 pub struct KruiseManager {
+    api: FakeApiServer,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -108,6 +109,7 @@ impl KruiseManager {
         let (cache, feeder) = Cache::follow(api, lag);
         // On a cluster that stores v1beta1, the manager is master's.
         let master = api.crr_versions() != CrrVersions::V1alpha1Only;
+        let server = api.clone();
         let api = api.clone();
         let task = tokio::spawn(async move {
             loop {
@@ -118,13 +120,16 @@ impl KruiseManager {
             }
         });
         Self {
+            api: server,
             tasks: vec![feeder, task],
         }
     }
 }
 
 impl Drop for KruiseManager {
+    /// The manager and its webhook go away together.
     fn drop(&mut self) {
+        self.api.clear_admission();
         for task in &self.tasks {
             task.abort();
         }
