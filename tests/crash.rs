@@ -148,14 +148,24 @@ impl Node {
         })
         .await;
         done.unwrap_or_else(|| {
-            let log = |name: &str| std::fs::read_to_string(self.listen.with_file_name(name)).unwrap_or_default();
             panic!(
-                "the CRR did not complete after the restart: {:?}\n--- first.log\n{}\n--- second.log\n{}",
-                self.api.get(Resource::Crr, NAMESPACE, "restart-app"),
-                log("first.log"),
-                log("second.log")
+                "the CRR did not complete after the restart: {}",
+                self.logs()
             )
         })
+    }
+
+    /// The CRR and both crr-proxies' logs, for a failure.
+    fn logs(&self) -> String {
+        let log = |name: &str| {
+            std::fs::read_to_string(self.listen.with_file_name(name)).unwrap_or_default()
+        };
+        format!(
+            "{:?}\n--- first.log\n{}\n--- second.log\n{}",
+            self.api.get(Resource::Crr, NAMESPACE, "restart-app"),
+            log("first.log"),
+            log("second.log")
+        )
     }
 
     /// The app's restarts, as the kubelet role reports them.
@@ -194,9 +204,12 @@ async fn killed_between_the_stop_and_its_record(mode: &'static str) {
     let hit = node.api.stall_writes(Arc::new(records_a_kill));
     let mut first = node.crr_proxy("first.log");
     node.create_crr();
-    tokio::time::timeout(Duration::from_secs(30), hit.notified())
+    if tokio::time::timeout(Duration::from_secs(30), hit.notified())
         .await
-        .expect("crr-proxy stopped the container and went to record it");
+        .is_err()
+    {
+        panic!("crr-proxy did not go to record the kill: {}", node.logs());
+    }
     stop(&mut first, Signal::SIGKILL);
     assert_eq!(node.hooks(), "run\n", "the hook ran once before the crash");
     // Its logs of the kill are in the CRR's span: namespace, name, Pod.
