@@ -137,7 +137,7 @@ impl Node {
             (self.hooks() == "run\n").then_some(())
         })
         .await
-        .expect("the preStop hook began");
+        .unwrap_or_else(|| panic!("the preStop hook did not begin: {}", self.logs()));
     }
 
     async fn completed(&self) -> Value {

@@ -150,15 +150,8 @@ impl Context {
         let name = self
             .runtime_name
             .get_or_try_init(|| async {
-                let version = self
-                    .cri
-                    .clone()
-                    .version(VersionRequest::default())
-                    .await
-                    .map_err(|status| AgentError::Runtime {
-                        call: "Version",
-                        status,
-                    })?;
+                let mut cri = self.cri.clone();
+                let version = bounded("Version", cri.version(VersionRequest::default())).await?;
                 Ok::<_, AgentError>(version.into_inner().runtime_name)
             })
             .await?;
@@ -173,35 +166,27 @@ impl Context {
         runtime: &str,
     ) -> Result<PodContainers, AgentError> {
         let mut cri = self.cri.clone();
-        let listed = cri
-            .list_containers(ListContainersRequest {
-                filter: Some(ContainerFilter {
-                    label_selector: HashMap::from([(
-                        kill::keys::POD_UID.to_owned(),
-                        pod_uid.to_owned(),
-                    )]),
-                    ..Default::default()
-                }),
-            })
-            .await
-            .map_err(|status| AgentError::Runtime {
-                call: "ListContainers",
-                status,
-            })?
+        let request = ListContainersRequest {
+            filter: Some(ContainerFilter {
+                label_selector: HashMap::from([(
+                    kill::keys::POD_UID.to_owned(),
+                    pod_uid.to_owned(),
+                )]),
+                ..Default::default()
+            }),
+        };
+        let listed = bounded("ListContainers", cri.list_containers(request))
+            .await?
             .into_inner()
             .containers;
         let mut containers = Vec::with_capacity(listed.len());
         for container in listed {
-            let status = cri
-                .container_status(ContainerStatusRequest {
-                    container_id: container.id.clone(),
-                    verbose: false,
-                })
-                .await
-                .map_err(|status| AgentError::Runtime {
-                    call: "ContainerStatus",
-                    status,
-                })?
+            let request = ContainerStatusRequest {
+                container_id: container.id.clone(),
+                verbose: false,
+            };
+            let status = bounded("ContainerStatus", cri.container_status(request))
+                .await?
                 .into_inner()
                 .status
                 .unwrap_or_default();
@@ -426,6 +411,25 @@ pub(crate) fn mark_completed(crr: &mut ContainerRecreateRequest, why: &Completio
     status.phase = Phase::Completed;
     status.completion_time = Some(at);
     status.message = why.message().to_owned();
+}
+
+/// How long the agent waits for a CRI read; a call that takes longer fails
+/// the sync, which is retried with its back-off, instead of holding the
+/// Pod's work (and, for Version, every Pod's) for good.
+const CRI_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `call`'s answer within [`CRI_TIMEOUT`].
+async fn bounded<T>(
+    call: &'static str,
+    answer: impl Future<Output = Result<T, tonic::Status>>,
+) -> Result<T, AgentError> {
+    match tokio::time::timeout(CRI_TIMEOUT, answer).await {
+        Ok(answer) => answer.map_err(|status| AgentError::Runtime { call, status }),
+        Err(_) => Err(AgentError::Runtime {
+            call,
+            status: tonic::Status::deadline_exceeded(format!("no answer in {CRI_TIMEOUT:?}")),
+        }),
+    }
 }
 
 fn resource_version(crr: &ContainerRecreateRequest) -> Option<u64> {

@@ -49,8 +49,10 @@ impl SyncGate {
         if let Ok(mut waiting) = self.waiting.lock() {
             *waiting = waiting.saturating_sub(1);
             if *waiting == 0 {
-                let _ = self.local.send(true);
-                let _ = self.ready.send(true);
+                // send_replace: the value must change even while nobody waits
+                // (send would drop it then, and a later wait would never end).
+                self.local.send_replace(true);
+                self.ready.send_replace(true);
             }
         }
     }
