@@ -1,12 +1,10 @@
 //! The manifests in deploy/ are what they claim to be.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
-use crr_proxy::cri::v1::ContainerState;
+mod support;
+
 use crr_proxy::crr::ContainerRecreateRequest;
 use crr_proxy::crr::admission::admit;
-use crr_proxy::crr::state::{PodContainers, RuntimeContainer};
-use k8s_openapi::api::core::v1::Pod;
-use serde_json::json;
 
 fn deploy(path: &str) -> String {
     std::fs::read_to_string(format!("{}/deploy/{path}", env!("CARGO_MANIFEST_DIR"))).unwrap()
@@ -14,27 +12,7 @@ fn deploy(path: &str) -> String {
 
 #[test]
 fn every_example_crr_is_accepted_as_the_webhook_would() {
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "web-0", "namespace": "shop", "uid": "u-1"},
-        "spec": {"nodeName": "node-a", "terminationGracePeriodSeconds": 30,
-                 "containers": [{"name": "app"}, {"name": "sidecar"}]},
-        "status": {"phase": "Running", "containerStatuses": [
-            {"name": "app", "containerID": "containerd://a", "ready": true, "restartCount": 0, "image": "i", "imageID": ""},
-            {"name": "sidecar", "containerID": "containerd://s", "ready": true, "restartCount": 0, "image": "i", "imageID": ""}]}
-    }))
-    .unwrap();
-    let runtime = PodContainers::new(
-        ["app", "sidecar"]
-            .map(|name| RuntimeContainer {
-                id: format!("containerd://{name}"),
-                name: name.into(),
-                restart_count: 0,
-                state: ContainerState::ContainerRunning,
-                created_at: 1,
-                started_at: Some(1),
-            })
-            .to_vec(),
-    );
+    let (pod, runtime) = support::pods::running_web_pod("shop");
     let dir = format!("{}/deploy/examples", env!("CARGO_MANIFEST_DIR"));
     let mut seen = 0;
     for entry in std::fs::read_dir(dir).unwrap().flatten() {

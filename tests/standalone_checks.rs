@@ -7,11 +7,8 @@
 
 mod support;
 
-use crr_proxy::cri::v1::ContainerState;
 use crr_proxy::crr::ContainerRecreateRequest;
 use crr_proxy::crr::admission::admit;
-use crr_proxy::crr::state::{PodContainers, RuntimeContainer};
-use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 use support::apiserver::FakeApiServer;
@@ -27,26 +24,7 @@ fn crr(spec: Value) -> ContainerRecreateRequest {
 /// What crr-proxy's own admission (the webhook's rules) says of `crr` on a
 /// running Pod with containers `app` and `sidecar`.
 fn webhook_says(crr: &ContainerRecreateRequest) -> Result<(), String> {
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "web-0", "namespace": "default", "uid": "u-1"},
-        "spec": {"nodeName": "node-a", "containers": [{"name": "app"}, {"name": "sidecar"}]},
-        "status": {"phase": "Running", "containerStatuses": [
-            {"name": "app", "containerID": "containerd://a", "ready": true, "restartCount": 0, "image": "i", "imageID": ""},
-            {"name": "sidecar", "containerID": "containerd://s", "ready": true, "restartCount": 0, "image": "i", "imageID": ""}]}
-    }))
-    .unwrap();
-    let containers = PodContainers::new(
-        ["app", "sidecar"]
-            .map(|name| RuntimeContainer {
-                id: format!("containerd://{name}"),
-                name: name.into(),
-                restart_count: 0,
-                state: ContainerState::ContainerRunning,
-                created_at: 1,
-                started_at: Some(1),
-            })
-            .to_vec(),
-    );
+    let (pod, containers) = support::pods::running_web_pod("default");
     admit(crr, &pod, &containers).map(|_| ())
 }
 

@@ -505,6 +505,14 @@ impl FakeApiServer {
         *lock(&self.inner.crr_versions)
     }
 
+    /// Whether a CRR write through `view` is a v1beta1 request, which
+    /// v1beta1's schema judges (a v1alpha1 one is judged by v1alpha1's).
+    fn judged_as_v1beta1(&self, resource: Resource, view: View) -> bool {
+        resource == Resource::Crr
+            && view == View::Stored
+            && self.crr_versions() != CrrVersions::V1alpha1Only
+    }
+
     fn stored_api_version(&self, resource: Resource) -> String {
         match resource {
             Resource::Crr => format!("apps.kruise.io/{}", self.crr_versions().storage()),
@@ -758,9 +766,7 @@ impl FakeApiServer {
         obj: Value,
         status: bool,
     ) -> Result<Value, ApiError> {
-        let beta = resource == Resource::Crr
-            && view == View::Stored
-            && self.crr_versions() != CrrVersions::V1alpha1Only;
+        let beta = self.judged_as_v1beta1(resource, view);
         self.modify(resource, namespace, name, status, |stored| {
             let current = &view.present(stored);
             let requested = resource_version(&obj);
@@ -823,9 +829,7 @@ impl FakeApiServer {
         patch: &Value,
         status: bool,
     ) -> Result<Value, ApiError> {
-        let beta = resource == Resource::Crr
-            && view == View::Stored
-            && self.crr_versions() != CrrVersions::V1alpha1Only;
+        let beta = self.judged_as_v1beta1(resource, view);
         self.modify(resource, namespace, name, status, |stored| {
             let current = &view.present(stored);
             let requested = resource_version(patch);
@@ -1344,7 +1348,7 @@ impl FakeApiServer {
                 .and_then(|obj| ok(200, obj)),
             (&Method::POST, None) => {
                 let obj = view.store(&parse()?);
-                if resource == Resource::Crr && obj["apiVersion"] == "apps.kruise.io/v1beta1" {
+                if self.judged_as_v1beta1(resource, view) {
                     super::versions::validate_v1beta1(&obj)?;
                 }
                 self.create(resource, &ns, obj).and_then(|obj| ok(201, obj))

@@ -197,3 +197,37 @@ pub async fn container_status(client: &mut RuntimeClient, id: &str) -> Container
         .status
         .expect("a status")
 }
+
+/// The Pod `web-0` in `namespace` on node-a, running `app` and `sidecar`,
+/// and its containers as the runtime reports them: what the webhook's
+/// rules (`crr::admission::admit`) judge a CRR against.
+pub fn running_web_pod(
+    namespace: &str,
+) -> (
+    k8s_openapi::api::core::v1::Pod,
+    crr_proxy::crr::state::PodContainers,
+) {
+    use crr_proxy::crr::state::{PodContainers, RuntimeContainer};
+    let pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web-0", "namespace": namespace, "uid": "u-1"},
+        "spec": {"nodeName": "node-a", "terminationGracePeriodSeconds": 30,
+                 "containers": [{"name": "app"}, {"name": "sidecar"}]},
+        "status": {"phase": "Running", "containerStatuses": [
+            {"name": "app", "containerID": "containerd://a", "ready": true, "restartCount": 0, "image": "i", "imageID": ""},
+            {"name": "sidecar", "containerID": "containerd://s", "ready": true, "restartCount": 0, "image": "i", "imageID": ""}]}
+    }))
+    .expect("a Pod");
+    let containers = PodContainers::new(
+        ["app", "sidecar"]
+            .map(|name| RuntimeContainer {
+                id: format!("containerd://{name}"),
+                name: name.into(),
+                restart_count: 0,
+                state: crr_proxy::cri::v1::ContainerState::ContainerRunning,
+                created_at: 1,
+                started_at: Some(1),
+            })
+            .to_vec(),
+    );
+    (pod, containers)
+}
