@@ -401,6 +401,7 @@ impl Agent {
                             Ok(next) => next,
                             Err(error) => {
                                 warn!(error = %Chain(&error), "sync failed; backing off");
+                                agent.ctx.metrics.crr_sync_failed();
                                 Next::Failed
                             }
                         };

@@ -173,6 +173,7 @@ impl CrrOutcome {
 #[derive(Default)]
 struct Crr {
     reconciles: AtomicU64,
+    sync_failures: AtomicU64,
     outcomes: [AtomicU64; 5],
     seen_to_stopped: Histogram,
     pre_stop: Histogram,
@@ -234,6 +235,12 @@ impl Metrics {
     /// One run of the agent's work for one Pod's CRRs.
     pub fn crr_reconciled(&self) {
         self.crr.reconciles.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A run that failed (an API or runtime error); it is retried with a
+    /// back-off.
+    pub fn crr_sync_failed(&self) {
+        self.crr.sync_failures.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn crr_completed(&self, outcome: CrrOutcome) {
@@ -330,6 +337,13 @@ impl Metrics {
             "counter",
             "Runs of the agent's work for one Pod's CRRs.",
             crr.reconciles.load(Ordering::Relaxed),
+        );
+        scalar(
+            out,
+            "crr_proxy_crr_reconcile_failures_total",
+            "counter",
+            "Runs that failed on an API server or runtime error, to be retried with a back-off.",
+            crr.sync_failures.load(Ordering::Relaxed),
         );
         out.push_str(
             "# HELP crr_proxy_crr_recreations_total CRRs completed by this node, by outcome.\n",
@@ -440,6 +454,7 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "missing {line}:\n{text}");
         }
         metrics.crr_reconciled();
+        metrics.crr_sync_failed();
         metrics.crr_completed(CrrOutcome::DeadlineExceeded);
         metrics.container_stopped(Duration::from_millis(12));
         metrics.pre_stop_finished(Duration::from_secs(3), true);
@@ -447,6 +462,7 @@ mod tests {
         let text = metrics.render();
         for line in [
             "crr_proxy_crr_reconciles_total 1",
+            "crr_proxy_crr_reconcile_failures_total 1",
             r#"crr_proxy_crr_recreations_total{outcome="deadline_exceeded"} 1"#,
             r#"crr_proxy_crr_seen_to_stopped_seconds_bucket{le="0.01"} 0"#,
             r#"crr_proxy_crr_seen_to_stopped_seconds_bucket{le="0.025"} 1"#,

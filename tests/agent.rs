@@ -43,7 +43,7 @@ struct Cluster {
     cri: crr_proxy::cri::RuntimeClient,
     recreated: Arc<Recreated>,
     agent: Option<tokio::task::JoinHandle<()>>,
-    _ctrd: Containerd,
+    ctrd: Containerd,
 }
 
 /// An agent mode, on a cluster of one CRR API: OpenKruise v1.9's
@@ -121,7 +121,7 @@ impl Cluster {
         let kubelet = Kubelet::start(&api, proxy.client(), NODE, ctrd.scratch("logs")).await;
         let manager = (mode == Mode::Kruise).then(|| KruiseManager::start(&api));
         Self {
-            _ctrd: ctrd,
+            ctrd,
             api,
             kubelet,
             proxy,
@@ -993,7 +993,7 @@ async fn a_watch_compacted_mid_recreate_relists_and_loses_nothing(mode: Setup) {
 async fn an_api_server_outage_only_delays_crrs(mode: Setup) {
     let cluster = Cluster::new(mode).await;
     cluster.kubelet.run_pod(app_and_sidecar("pod10")).await;
-    let proxy = support::ProxyUnderTest::to(cluster._ctrd.endpoint());
+    let proxy = support::ProxyUnderTest::to(cluster.ctrd.endpoint());
     let load = tokio::spawn({
         let cri = proxy.client();
         async move {
@@ -1334,6 +1334,118 @@ async fn event_write_refused_with(mode: Setup, code: u16) {
 /// v1.9 cluster (v1alpha1 only) and on one that stores v1beta1 (next to
 /// master's kruise-manager converting by webhook; standalone on crr-proxy's
 /// own CRD, converting nothing).
+/// A runtime that hangs (containerd frozen: its socket accepts, nothing
+/// answers) fails the agent's pass after the 10 s bound on its CRI reads,
+/// instead of holding the Pod's work for good; once the runtime answers
+/// again the back-off's next pass recreates the container.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hung_runtime_fails_the_pass_and_the_crr_completes_after() {
+    let cluster = Cluster::new(Mode::Kruise).await;
+    cluster
+        .kubelet
+        .run_pod(PodSpec::new(
+            "podhung",
+            vec![ContainerSpec::graceful("app")],
+        ))
+        .await;
+    cluster.ctrd.freeze().unwrap();
+    cluster.create("crr-hung", "podhung", &["app"], Value::Null, json!({}));
+    let failed = wait_for(Duration::from_secs(25), || {
+        (cluster.metric("crr_proxy_crr_reconcile_failures_total") >= 1.0).then_some(())
+    })
+    .await;
+    cluster.ctrd.thaw().unwrap();
+    failed.expect("the pass failed while the runtime hung");
+    let done = cluster.completed("crr-hung", Duration::from_secs(30)).await;
+    assert_eq!(
+        states(&done),
+        json!([{"name": "app", "phase": "Succeeded", "isKilled": true}])
+    );
+}
+
+/// On v1beta1 a status write reads the CRR afresh and tries up to four
+/// times on conflict, as master's daemon does (crr-v1beta1.md §4). Each
+/// race below is real: another writer updates the CRR just before the PUT.
+/// Three lost races are absorbed within one pass (the fourth try carries
+/// the fresh resourceVersion); four exhaust the pass, which fails once and
+/// completes on the next.
+async fn v1beta1_status_writes_read_afresh_and_try_four_times(mode: Setup) {
+    let cluster = Cluster::new(mode).await;
+    for (pod, races, failures) in [("race3", 3, 0.0), ("race4", 4, 1.0)] {
+        cluster
+            .kubelet
+            .run_pod(PodSpec::new(pod, vec![ContainerSpec::graceful("app")]))
+            .await;
+        let crr = format!("crr-{pod}");
+        cluster.api.race_status_updates(races);
+        cluster.create(&crr, pod, &["app"], Value::Null, json!({}));
+        let done = cluster.completed(&crr, Duration::from_secs(30)).await;
+        assert_eq!(cluster.api.races_left(), 0);
+        assert_eq!(
+            done["metadata"]["annotations"]["test.crr-proxy/concurrent-write"], "1",
+            "the last race's write is kept"
+        );
+        assert_eq!(
+            states(&done),
+            json!([{"name": "app", "phase": "Succeeded", "isKilled": true}])
+        );
+        assert_eq!(
+            cluster.metric("crr_proxy_crr_reconcile_failures_total"),
+            failures,
+            "after {races} lost races"
+        );
+    }
+}
+
+/// Another writer (kruise-manager past the deadline, say) completes the
+/// CRR just before the agent writes its own completion: the agent's PUT
+/// loses the race, and its fresh read shows the CRR completed, which it
+/// leaves as it is (crr-v1beta1.md §4 notes this race in kruise's daemon,
+/// whose retry would overwrite it).
+async fn v1beta1_another_writers_completion_is_kept(mode: Setup) {
+    let cluster = Cluster::new(mode).await;
+    cluster
+        .kubelet
+        .run_pod(PodSpec::new(
+            "podother",
+            vec![ContainerSpec::graceful("app")],
+        ))
+        .await;
+    cluster.api.race_status_updates_with(
+        1,
+        Arc::new(|body| body["status"]["phase"] == "Completed"),
+        |_| {
+            let theirs = json!({"status": {
+                "phase": "Completed",
+                "completionTime": "2026-01-01T00:00:00Z",
+                "message": "completed by another writer",
+            }});
+            (theirs, true)
+        },
+    );
+    cluster.create("crr-other", "podother", &["app"], Value::Null, json!({}));
+    let pod = wait_for(Duration::from_secs(30), || {
+        let pod = cluster.pod("podother");
+        (container_status(&pod, "app")["restartCount"] == 1).then_some(pod)
+    })
+    .await
+    .expect("the container is recreated");
+    wait_for(Duration::from_secs(10), || {
+        (cluster.api.races_left() == 0).then_some(())
+    })
+    .await
+    .expect("the agent wrote its completion");
+    // Its passes that follow have had their time.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let kept = cluster.crr("crr-other").unwrap();
+    assert_eq!(
+        kept["status"]["message"], "completed by another writer",
+        "{kept:#}"
+    );
+    assert_eq!(kept["status"]["completionTime"], "2026-01-01T00:00:00Z");
+    assert_eq!(container_status(&pod, "app")["restartCount"], 1);
+}
+
 macro_rules! in_both_modes {
     ($($name:ident),* $(,)?) => {
         mod kruise_master {
@@ -1362,6 +1474,16 @@ macro_rules! in_both_modes {
             async fn an_openkruise_upgrade_moves_the_agent_to_v1beta1() {
                 super::an_openkruise_upgrade_moves_the_agent_to_v1beta1().await
             }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn v1beta1_status_writes_read_afresh_and_try_four_times() {
+                super::v1beta1_status_writes_read_afresh_and_try_four_times(SETUP).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn v1beta1_another_writers_completion_is_kept() {
+                super::v1beta1_another_writers_completion_is_kept(SETUP).await
+            }
         }
 
         mod standalone_v1beta1 {
@@ -1384,6 +1506,16 @@ macro_rules! in_both_modes {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn a_crr_stored_before_the_crd_upgrade_completes() {
                 super::a_crr_stored_before_the_crd_upgrade_completes().await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn v1beta1_status_writes_read_afresh_and_try_four_times() {
+                super::v1beta1_status_writes_read_afresh_and_try_four_times(SETUP).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn v1beta1_another_writers_completion_is_kept() {
+                super::v1beta1_another_writers_completion_is_kept(SETUP).await
             }
         }
 
@@ -1502,7 +1634,7 @@ async fn the_pod_says_why_its_container_restarted(mode: Setup) {
             .status
             .unwrap()
     };
-    let direct = || support::client(&cluster._ctrd.endpoint());
+    let direct = || support::client(&cluster.ctrd.endpoint());
     // containerd still says what it saw: a clean exit on SIGTERM.
     let runtime = status(direct(), old.clone()).await;
     assert_eq!(
@@ -1523,7 +1655,7 @@ async fn the_pod_says_why_its_container_restarted(mode: Setup) {
     // A new crr-proxy reads the record back; without the record, no rewrite.
     let reopened = Arc::new(Recreated::open(&cluster.recreated_file).unwrap());
     let routes = Routes {
-        runtime: cluster._ctrd.endpoint(),
+        runtime: cluster.ctrd.endpoint(),
         image: None,
     };
     let restarted = ProxyUnderTest::serve(Proxy::new(routes.clone()).with_reasons(reopened));

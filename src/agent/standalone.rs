@@ -28,7 +28,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tokio::task::JoinHandle;
-use tracing::{Instrument, info, info_span, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::context::{self, Completion, Context};
 use super::manager::Step;
@@ -411,12 +411,22 @@ async fn accept(
     let containers = ctx.pod_containers(&uid, runtime).await?;
     match admission::admit(crr, pod, &containers) {
         Ok(accepted) => {
-            info!(crr = %crr.name_any(), pod = %pod.name_any(), "accepting");
             let patch = json!({
                 "metadata": {"labels": accepted.labels, "resourceVersion": crr.resource_version()},
                 "spec": accepted.spec,
             });
-            ctx.crrs.patch(crr, &patch).await?;
+            match ctx.crrs.patch(crr, &patch).await {
+                // The CRR changed since this copy (most often: this node's
+                // own acceptance, not yet out of the cluster-wide watch).
+                // Its watch event brings the newer copy to judge.
+                Err(kube::Error::Api(status)) if status.code == 409 => {
+                    debug!(crr = %crr.name_any(), "changed meanwhile; judged again on its next event");
+                }
+                written => {
+                    written?;
+                    info!(crr = %crr.name_any(), pod = %pod.name_any(), "accepted");
+                }
+            }
         }
         Err(message) => {
             info!(crr = %crr.name_any(), %message, "refusing");

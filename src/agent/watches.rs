@@ -155,3 +155,25 @@ pub(crate) async fn follow<K, S>(
     }
     warn!(what, "watch ended");
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// Every watch may list before the dispatcher first waits (seen as a
+    /// start-up hang): the gate must remember it was opened.
+    #[tokio::test]
+    async fn the_gate_stays_open_for_who_waits_after_the_last_watch_synced() {
+        let ready = Arc::new(watch::channel(false).0);
+        let gate = SyncGate::new(2, Arc::clone(&ready));
+        gate.one_synced();
+        assert!(!*ready.borrow(), "one watch of two has synced");
+        gate.one_synced();
+        assert!(*ready.borrow());
+        tokio::time::timeout(Duration::from_secs(1), gate.wait())
+            .await
+            .expect("wait returns once every watch has synced");
+    }
+}

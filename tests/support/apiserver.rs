@@ -167,6 +167,13 @@ type Key = (Resource, String, String);
 /// Matches a write by method, path and JSON body.
 pub type WriteMatcher = Arc<dyn Fn(&Method, &str, &Value) -> bool + Send + Sync>;
 
+/// Another writer that wins the next CRR status PUTs (`race_status_updates`).
+struct Race {
+    left: usize,
+    matches: Arc<dyn Fn(&Value) -> bool + Send + Sync>,
+    other: fn(usize) -> (Value, bool),
+}
+
 struct Stall {
     matches: WriteMatcher,
     hit: Arc<tokio::sync::Notify>,
@@ -329,6 +336,8 @@ struct Inner {
     pages: Mutex<Option<(usize, Duration)>>,
     /// Writes to answer with an error instead (`fail_writes`).
     faults: Mutex<Vec<Fault>>,
+    /// CRR status PUTs still to be raced by another writer (`race_status_updates`).
+    race: Mutex<Option<Race>>,
     /// How the watches behave (`set_watches`).
     watches: Mutex<Watches>,
     /// Every write that reached the server over HTTP, answered or not.
@@ -427,6 +436,7 @@ impl FakeApiServer {
             reset: watch::channel(0).0,
             pages: Mutex::new(None),
             faults: Mutex::new(Vec::new()),
+            race: Mutex::new(None),
             watches: Mutex::new(Watches::default()),
             writes: Mutex::new(Vec::new()),
             expired: Arc::default(),
@@ -547,6 +557,40 @@ impl FakeApiServer {
         });
     }
 
+    /// The next `count` PUTs of a CRR's status lose a race: just before
+    /// each, another writer updates the CRR (an annotation), so the PUT's
+    /// resourceVersion is stale and the server answers 409 Conflict, as it
+    /// would. Only a writer that reads the CRR afresh gets through.
+    pub fn race_status_updates(&self, count: usize) {
+        self.race_status_updates_with(count, Arc::new(|_| true), |left| {
+            let patch = json!({"metadata": {"annotations": {
+                "test.crr-proxy/concurrent-write": left.to_string()
+            }}});
+            (patch, false)
+        });
+    }
+
+    /// As [`race_status_updates`](Self::race_status_updates), for the PUTs
+    /// whose body `matches`; the other writer applies the merge patch `other`
+    /// makes (given the races left, and whether it patches the status).
+    pub fn race_status_updates_with(
+        &self,
+        count: usize,
+        matches: Arc<dyn Fn(&Value) -> bool + Send + Sync>,
+        other: fn(usize) -> (Value, bool),
+    ) {
+        *lock(&self.inner.race) = Some(Race {
+            left: count,
+            matches,
+            other,
+        });
+    }
+
+    /// How many of the races `race_status_updates` asked for are still to come.
+    pub fn races_left(&self) -> usize {
+        lock(&self.inner.race).as_ref().map_or(0, |r| r.left)
+    }
+
     /// How many of the failures `fail_writes` asked for are still to come.
     pub fn faults_left(&self) -> usize {
         lock(&self.inner.faults).iter().map(|f| f.left).sum()
@@ -561,6 +605,16 @@ impl FakeApiServer {
         if offline {
             self.inner.reset.send_modify(|n| *n += 1);
         }
+    }
+
+    /// The other writer's patch, when the CRR status PUT `body` is to
+    /// lose a race.
+    fn take_race(&self, body: &Value) -> Option<(Value, bool)> {
+        let mut race = lock(&self.inner.race);
+        let race = race.as_mut().filter(|r| r.left > 0 && (r.matches)(body))?;
+        let other = (race.other)(race.left);
+        race.left -= 1;
+        Some(other)
     }
 
     fn is_offline(&self) -> bool {
@@ -1353,9 +1407,15 @@ impl FakeApiServer {
                 }
                 self.create(resource, &ns, obj).and_then(|obj| ok(201, obj))
             }
-            (&Method::PUT, Some(name)) => self
-                .update_as(view, resource, &ns, name, parse()?, status)
-                .and_then(|obj| ok(200, obj)),
+            (&Method::PUT, Some(name)) => {
+                let body = parse()?;
+                let raced = resource == Resource::Crr && status;
+                if let Some((other, on_status)) = raced.then(|| self.take_race(&body)).flatten() {
+                    self.patch(resource, &ns, name, &other, on_status)?;
+                }
+                self.update_as(view, resource, &ns, name, body, status)
+                    .and_then(|obj| ok(200, obj))
+            }
             (&Method::PATCH, Some(name)) => {
                 let content_type = parts
                     .headers

@@ -115,6 +115,25 @@ impl Containerd {
         Ok(())
     }
 
+    /// Freezes containerd (SIGSTOP): its socket still accepts connections,
+    /// but nothing is answered until [`Containerd::thaw`], as with a runtime
+    /// that hangs.
+    pub fn freeze(&self) -> Result<()> {
+        self.signal(Signal::SIGSTOP)
+    }
+
+    /// Lets a frozen containerd go on (SIGCONT).
+    pub fn thaw(&self) -> Result<()> {
+        self.signal(Signal::SIGCONT)
+    }
+
+    fn signal(&self, signal: Signal) -> Result<()> {
+        if let Some(child) = &self.child {
+            kill(Pid::from_raw(child.id() as i32), signal)?;
+        }
+        Ok(())
+    }
+
     /// Starts containerd again on the same root, state and socket.
     pub fn resume(&mut self) -> Result<()> {
         if self.child.is_none() {
