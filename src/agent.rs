@@ -10,6 +10,8 @@
 //! - `daemon`: kruise-daemon's sync of one Pod;
 //! - `manager`: the webhook's and kruise-manager's duties, kruise's or
 //!   `standalone`'s;
+//! - `lease`, `claim`: in standalone mode, the election of the one node
+//!   that claims new CRRs for the nodes of their Pods, and its claims;
 //! - `watches`, `queue`, `backoff`: the watches, the per-Pod queue and its
 //!   workers, and the watch back-off.
 //!
@@ -25,8 +27,10 @@
 //! here (`queue`, 200 lines with its tests) is the smaller thing to own.
 
 mod backoff;
+mod claim;
 mod context;
 mod daemon;
+mod lease;
 mod manager;
 mod queue;
 mod standalone;
@@ -58,6 +62,8 @@ use daemon::Daemon;
 use manager::{Manager, Step};
 use queue::{Next, Queue};
 use watches::{SyncGate, follow};
+
+pub use lease::LeaseSettings;
 
 /// kruise-daemon runs 32 workers.
 const WORKERS: usize = 32;
@@ -93,6 +99,8 @@ pub struct AgentConfig {
     /// preStop hook runs at most once across restarts and crashes.
     pub kills: Arc<Records>,
     pub metrics: Arc<Metrics>,
+    /// Standalone mode's election (`lease`); unused in kruise mode.
+    pub lease: LeaseSettings,
 }
 
 /// Who else handles CRRs.
@@ -173,6 +181,7 @@ pub async fn spawn(
     let kills = Arc::new(kills);
     let node_name = settings.node_name.clone();
     let mode = settings.mode;
+    let lease = settings.lease.clone();
     let endpoint = runtime.clone();
     let (stop, mut stopping) = watch::channel(false);
     let (stopped, stopped_rx) = tokio::sync::oneshot::channel();
@@ -210,6 +219,7 @@ pub async fn spawn(
                     recreated,
                     kills,
                     metrics,
+                    lease,
                 };
                 let shutdown = async move {
                     let _ = stopping.wait_for(|stop| *stop).await;
@@ -241,13 +251,33 @@ pub async fn run(
         recreated,
         kills,
         metrics,
+        lease,
     } = config;
     let selector = format!("{}={node_name},{}=true", labels::NODE_NAME, labels::ACTIVE);
     let ready = Arc::new(synced);
     tokio::pin!(shutdown);
+    // The election outlives a change of CRR version; it ends last, giving
+    // the Lease up once no claim can be under way.
+    let (end_election, election_ends) = watch::channel(false);
+    let election = (mode == Mode::Standalone).then(|| {
+        let api = kube::Api::namespaced(client.clone(), &lease.namespace);
+        lease::elect(
+            api,
+            lease.clone(),
+            node_name.clone(),
+            Arc::clone(&metrics),
+            election_ends,
+        )
+    });
     let mut version = tokio::select! {
         version = discover(&client) => version,
-        () = &mut shutdown => return,
+        () = &mut shutdown => {
+            let _ = end_election.send(true);
+            if let Some((_, task)) = election {
+                let _ = task.await;
+            }
+            return;
+        }
     };
     loop {
         let crrs = CrrClient::new(client.clone(), version);
@@ -281,7 +311,7 @@ pub async fn run(
             manager,
         });
         info!(node = %node_name, %selector, ?mode, version = version.as_str(), "watching ContainerRecreateRequests");
-        let watches = if streams.is_some() { 4 } else { 1 };
+        let watches = 1 + streams.as_ref().map_or(0, |_| standalone::Streams::COUNT);
         let gate = Arc::new(SyncGate::new(watches, Arc::clone(&ready)));
         let (stop, stopping) = watch::channel(false);
         let dispatcher = tokio::spawn(Arc::clone(&agent).dispatch(Arc::clone(&gate), stopping));
@@ -293,6 +323,16 @@ pub async fn run(
         ))];
         if let Some(streams) = streams {
             followers.extend(streams.spawn(&agent, &gate));
+        }
+        if let Some((leadership, _)) = &election {
+            let claimer = claim::Claimer {
+                client: client.clone(),
+                crrs: crrs.clone(),
+                metrics: Arc::clone(&metrics),
+                leadership: leadership.clone(),
+                timeout: lease.renew_period,
+            };
+            followers.push(tokio::spawn(claimer.run()));
         }
         // After a relist, the version the cluster serves may have changed
         // (OpenKruise upgraded): then everything starts over with it.
@@ -327,6 +367,10 @@ pub async fn run(
             }
             None => break,
         }
+    }
+    let _ = end_election.send(true);
+    if let Some((_, task)) = election {
+        let _ = task.await;
     }
     info!("agent stopped");
 }

@@ -10,10 +10,12 @@ use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, PostParams};
 
-use crate::agent::{self, Mode};
+use crate::agent::{self, LeaseSettings, Mode};
 use crate::config::{AgentSettings, RunConfig};
 use crate::cri::Endpoint;
 use crate::cri::v1::VersionRequest;
@@ -397,6 +399,66 @@ async fn rbac(client: &kube::Client, mode: Mode) -> Result<String, Verdict> {
     }
 }
 
+/// Standalone mode's Lease: who holds it, and whether this node may take it.
+async fn lease(client: &kube::Client, settings: &AgentSettings) -> Result<String, Verdict> {
+    let LeaseSettings {
+        name, namespace, ..
+    } = &settings.lease;
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                group: Some("coordination.k8s.io".into()),
+                resource: Some("leases".into()),
+                verb: Some("update".into()),
+                namespace: Some(namespace.clone()),
+                name: Some(name.clone()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let allowed = Api::<SelfSubjectAccessReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .map_err(|e| fail(format!("SelfSubjectAccessReview: {e}")))?
+        .status
+        .is_some_and(|s| s.allowed);
+    if !allowed {
+        return Err(fail(format!(
+            "this node may not update Lease {namespace}/{name}, so it can never claim new CRRs (see deploy/rbac-standalone.yaml)"
+        )));
+    }
+    let lease = Api::<Lease>::namespaced(client.clone(), namespace)
+        .get_opt(name)
+        .await
+        .map_err(|e| fail(format!("Lease {namespace}/{name}: {e}")))?;
+    let spec = lease.and_then(|l| l.spec).unwrap_or_default();
+    let Some(holder) = spec.holder_identity.filter(|h| !h.is_empty()) else {
+        return Ok(format!(
+            "{namespace}/{name} has no holder: the first standalone node to look takes it"
+        ));
+    };
+    let me = if holder == settings.node_name {
+        " (this node)"
+    } else {
+        ""
+    };
+    let renewed = spec
+        .renew_time
+        .map(|t| (Timestamp::now() - t.0).get_seconds());
+    let lasts = spec.lease_duration_seconds.unwrap_or(0);
+    Ok(match renewed {
+        Some(ago) if ago <= i64::from(lasts) => {
+            format!("{namespace}/{name} held by {holder}{me}, renewed {ago}s ago, lasts {lasts}s")
+        }
+        Some(ago) => format!(
+            "{namespace}/{name} held by {holder}{me} but not renewed for {ago}s (lasts {lasts}s): the next node to look takes it"
+        ),
+        None => format!("{namespace}/{name} held by {holder}{me}, never renewed"),
+    })
+}
+
 /// Who the credentials are (SelfSubjectReview), against the per-node
 /// identity deploy/node-policy.yaml expects for `node`.
 async fn identity(client: &kube::Client, node: &str) -> Result<String, Verdict> {
@@ -461,6 +523,9 @@ async fn kubernetes(settings: &AgentSettings, report: &mut Report) {
     report.add("RBAC", rbac(&client, settings.mode).await);
 
     report.add("CRD", crd_versions(&client).await);
+    if settings.mode == Mode::Standalone {
+        report.add("Lease", lease(&client, settings).await);
+    }
 
     let nodes: Api<Node> = Api::all(client);
     let node = match nodes.get_opt(&settings.node_name).await {

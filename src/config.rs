@@ -113,6 +113,30 @@ pub struct RunArgs {
     )]
     pub state_dir: PathBuf,
 
+    /// Standalone mode: the Lease that elects the one node claiming new CRRs
+    /// for the nodes of their Pods (its holderIdentity is the node name).
+    /// deploy/node-policy.yaml names it too.
+    #[arg(
+        long,
+        env = "CRR_PROXY_LEASE_NAME",
+        default_value = "crr-proxy-standalone"
+    )]
+    pub lease_name: String,
+
+    /// Standalone mode: the Lease's namespace.
+    #[arg(long, env = "CRR_PROXY_LEASE_NAMESPACE", default_value = "kube-system")]
+    pub lease_namespace: String,
+
+    /// Standalone mode: how long the Lease lasts unrenewed (`15s`, `1m`):
+    /// the longest a new CRR waits for a claim after its holder dies.
+    #[arg(long, env = "CRR_PROXY_LEASE_DURATION", default_value = "15s")]
+    pub lease_duration: Seconds,
+
+    /// Standalone mode: how often the holder renews the Lease; less than
+    /// --lease-duration.
+    #[arg(long, env = "CRR_PROXY_LEASE_RENEW_PERIOD", default_value = "5s")]
+    pub lease_renew_period: Seconds,
+
     /// Log format on stderr. The level comes from CRR_PROXY_LOG (or RUST_LOG),
     /// e.g. `info` or `crr_proxy=debug`.
     #[arg(long, env = "CRR_PROXY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -131,6 +155,31 @@ impl std::str::FromStr for MetricsAddr {
             "off" | "" => Ok(Self(None)),
             addr => addr.parse().map(|a| Self(Some(a))),
         }
+    }
+}
+
+/// A duration given as `500ms`, `15s`, `2m` or whole seconds (`15`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seconds(pub std::time::Duration);
+
+impl std::str::FromStr for Seconds {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        let (number, unit) = s
+            .find(|c: char| !c.is_ascii_digit())
+            .map_or((s, ""), |i| s.split_at(i));
+        let n: u64 = number
+            .parse()
+            .map_err(|_| format!("{s:?}: expected a duration such as 15s, 500ms or 1m"))?;
+        let duration = match unit {
+            "" | "s" => std::time::Duration::from_secs(n),
+            "ms" => std::time::Duration::from_millis(n),
+            "m" => std::time::Duration::from_secs(n.saturating_mul(60)),
+            _ => return Err(format!("{s:?}: the unit must be ms, s or m")),
+        };
+        Ok(Self(duration))
     }
 }
 
@@ -153,6 +202,13 @@ pub enum ConfigError {
     File { path: String, reason: String },
     #[error("--agent needs this node's name: set --node-name (CRR_PROXY_NODE_NAME)")]
     NoNodeName,
+    #[error(
+        "--lease-renew-period ({renew:?}) must be shorter than --lease-duration ({duration:?}), and the duration at least 1s"
+    )]
+    LeaseTiming {
+        renew: std::time::Duration,
+        duration: std::time::Duration,
+    },
 }
 
 /// A validated `run` configuration.
@@ -176,6 +232,8 @@ pub struct AgentSettings {
     /// The file of containers whose kill began (their preStop runs at most
     /// once, across restarts).
     pub kills_file: PathBuf,
+    /// Standalone mode's election.
+    pub lease: crate::agent::LeaseSettings,
 }
 
 // === impl RunArgs ===
@@ -201,6 +259,7 @@ impl RunArgs {
                         crate::agent::Mode::Standalone
                     },
                     kills_file: self.state_dir.join("kills"),
+                    lease: self.lease()?,
                 })
             }
         };
@@ -221,6 +280,21 @@ impl RunArgs {
             recreated_file: self
                 .reason_rewrite
                 .then(|| self.state_dir.join("recreated")),
+        })
+    }
+}
+
+impl RunArgs {
+    fn lease(&self) -> Result<crate::agent::LeaseSettings, ConfigError> {
+        let (duration, renew) = (self.lease_duration.0, self.lease_renew_period.0);
+        if renew >= duration || duration < std::time::Duration::from_secs(1) || renew.is_zero() {
+            return Err(ConfigError::LeaseTiming { renew, duration });
+        }
+        Ok(crate::agent::LeaseSettings {
+            name: self.lease_name.clone(),
+            namespace: self.lease_namespace.clone(),
+            duration,
+            renew_period: renew,
         })
     }
 }
@@ -334,6 +408,48 @@ mod tests {
         assert_eq!(run.log_format, LogFormat::Text);
         let config = run.validate().unwrap();
         assert!(config.routes.image.is_none());
+    }
+
+    #[test]
+    fn the_lease_defaults_and_its_timing_is_checked() {
+        let agent = |args: &[&str]| {
+            let mut all = vec!["--agent", "standalone", "--node-name", "node-a"];
+            all.extend_from_slice(args);
+            parse(&all)
+                .unwrap()
+                .validate()
+                .map(|c| c.agent.unwrap().lease)
+        };
+        assert_eq!(agent(&[]).unwrap(), crate::agent::LeaseSettings::default());
+        let lease = agent(&[
+            "--lease-name",
+            "crr",
+            "--lease-namespace",
+            "ops",
+            "--lease-duration",
+            "1m",
+            "--lease-renew-period",
+            "1500ms",
+        ])
+        .unwrap();
+        assert_eq!(
+            (lease.name.as_str(), lease.namespace.as_str()),
+            ("crr", "ops")
+        );
+        assert_eq!(lease.duration, std::time::Duration::from_secs(60));
+        assert_eq!(lease.renew_period, std::time::Duration::from_millis(1500));
+        for (duration, renew) in [("5s", "5s"), ("5s", "10s"), ("500ms", "100ms"), ("5s", "0")] {
+            assert!(
+                matches!(
+                    agent(&["--lease-duration", duration, "--lease-renew-period", renew]),
+                    Err(ConfigError::LeaseTiming { .. })
+                ),
+                "{duration} {renew}"
+            );
+        }
+        for bad in ["", "s", "5h", "-1s", "1.5s"] {
+            assert!(parse(&["--lease-duration", bad]).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -179,6 +179,9 @@ struct Crr {
     pre_stop: Histogram,
     pre_stop_failures: AtomicU64,
     active: AtomicI64,
+    lease_held: AtomicI64,
+    claims: AtomicU64,
+    unclaimable: AtomicU64,
 }
 
 /// The proxy's metrics; share one behind an `Arc`.
@@ -261,6 +264,23 @@ impl Metrics {
         if failed {
             self.crr.pre_stop_failures.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Whether this node holds the standalone Lease.
+    pub fn set_lease_held(&self, held: bool) {
+        self.crr
+            .lease_held
+            .store(i64::from(held), Ordering::Relaxed);
+    }
+
+    /// A new CRR claimed for the node that runs its Pod (as the holder).
+    pub fn crr_claimed(&self) {
+        self.crr.claims.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A CRR ended because no node can take it (as the holder).
+    pub fn crr_unclaimable(&self) {
+        self.crr.unclaimable.fetch_add(1, Ordering::Relaxed);
     }
 
     /// CRRs of this node not yet finished.
@@ -379,6 +399,27 @@ impl Metrics {
             "CRRs of this node not yet completed.",
             crr.active.load(Ordering::Relaxed),
         );
+        scalar(
+            out,
+            "crr_proxy_standalone_lease_held",
+            "gauge",
+            "1 while this node holds the standalone Lease (it claims new CRRs for their nodes).",
+            crr.lease_held.load(Ordering::Relaxed),
+        );
+        scalar(
+            out,
+            "crr_proxy_crr_claims_total",
+            "counter",
+            "New CRRs this node claimed for the node that runs their Pod, as the Lease holder.",
+            crr.claims.load(Ordering::Relaxed),
+        );
+        scalar(
+            out,
+            "crr_proxy_crr_unclaimable_total",
+            "counter",
+            "CRRs this node ended, as the Lease holder, because no node can take them (no such Pod, or not scheduled).",
+            crr.unclaimable.load(Ordering::Relaxed),
+        );
     }
 }
 
@@ -455,6 +496,9 @@ mod tests {
         }
         metrics.crr_reconciled();
         metrics.crr_sync_failed();
+        metrics.set_lease_held(true);
+        metrics.crr_claimed();
+        metrics.crr_unclaimable();
         metrics.crr_completed(CrrOutcome::DeadlineExceeded);
         metrics.container_stopped(Duration::from_millis(12));
         metrics.pre_stop_finished(Duration::from_secs(3), true);
@@ -463,6 +507,9 @@ mod tests {
         for line in [
             "crr_proxy_crr_reconciles_total 1",
             "crr_proxy_crr_reconcile_failures_total 1",
+            "crr_proxy_standalone_lease_held 1",
+            "crr_proxy_crr_claims_total 1",
+            "crr_proxy_crr_unclaimable_total 1",
             r#"crr_proxy_crr_recreations_total{outcome="deadline_exceeded"} 1"#,
             r#"crr_proxy_crr_seen_to_stopped_seconds_bucket{le="0.01"} 0"#,
             r#"crr_proxy_crr_seen_to_stopped_seconds_bucket{le="0.025"} 1"#,

@@ -83,6 +83,7 @@ impl Cluster {
             recreated: Arc::clone(&self.recreated),
             kills: Arc::new(crr_proxy::records::Records::in_memory()),
             metrics: Arc::clone(&self.metrics),
+            lease: agent::LeaseSettings::default(),
         };
         self.agent = Some(tokio::spawn(agent::run(
             config,
@@ -1100,7 +1101,7 @@ async fn standalone_refusals_complete_with_the_webhooks_messages() {
             )
             .unwrap();
     }
-    // A CRR for a Pod of another node: not ours, left alone.
+    // A CRR for a Pod of another node: not this node's to accept.
     bare_pod(&cluster, "pod-on-b", "node-b");
     cluster.create("elsewhere", "pod-on-b", &["app"], Value::Null, json!({}));
     // A good one goes on meanwhile.
@@ -1114,7 +1115,16 @@ async fn standalone_refusals_complete_with_the_webhooks_messages() {
             "{name}"
         );
         let labels = &done["metadata"]["labels"];
-        assert_eq!(labels["crr.apps.kruise.io/node-name"], NODE, "{name}");
+        // What the webhook checks before it reads the Pod (here the
+        // failurePolicy) is refused by the Lease holder, before any claim;
+        // the containers' checks come after the Pod, on the Pod's node,
+        // which labels the CRR.
+        let node = if *name == "policy" {
+            Value::Null
+        } else {
+            json!(NODE)
+        };
+        assert_eq!(labels["crr.apps.kruise.io/node-name"], node, "{name}");
         assert!(labels["crr.apps.kruise.io/active"].is_null(), "{name}");
     }
     let good = cluster.completed("good", Duration::from_secs(60)).await;
@@ -1122,9 +1132,14 @@ async fn standalone_refusals_complete_with_the_webhooks_messages() {
         states(&good),
         json!([{"name": "app", "phase": "Succeeded", "isKilled": true}])
     );
+    // Claimed for node-b by the Lease holder; node-b runs no crr-proxy here.
     let elsewhere = cluster.crr("elsewhere").unwrap();
     assert!(elsewhere["status"].is_null(), "{elsewhere:#}");
-    assert!(elsewhere["metadata"]["labels"].is_null(), "{elsewhere:#}");
+    assert_eq!(
+        elsewhere["metadata"]["labels"],
+        json!({"crr.apps.kruise.io/node-name": "node-b"}),
+        "{elsewhere:#}"
+    );
 }
 
 async fn standalone_a_crr_before_the_containers_started_is_refused() {
@@ -1911,12 +1926,16 @@ async fn standalone_hostile_crrs_get_documented_outcomes() {
 
     for (name, pod, _, _, _, expected) in &cases {
         if ["ghost", ""].contains(pod) {
-            // No Pod of that name runs here: not this node's to touch.
-            let crr = cluster.crr(name).unwrap();
-            assert!(
-                crr["status"].is_null() && crr["metadata"]["labels"].is_null(),
-                "{name}: {crr:#}"
-            );
+            // No node can take these: the Lease holder (this node) ends
+            // them with the webhook's message, and claims them for no node.
+            let done = cluster.completed(name, Duration::from_secs(10)).await;
+            let message = if pod.is_empty() {
+                "podName can not be empty".to_owned()
+            } else {
+                format!("no found Pod named {pod}")
+            };
+            assert_eq!(done["status"]["message"], message, "{name}");
+            assert!(done["metadata"]["labels"].is_null(), "{name}: {done:#}");
             continue;
         }
         if *name == "ttl-negative" {

@@ -84,9 +84,27 @@ async fn everything_in_place_passes_and_each_gap_fails_by_name() {
         "CRD",
         "node name",
         "restart back-off",
+        "Lease",
     ] {
         assert!(row(&table, check).contains("pass"), "{check}:\n{table}");
     }
+    assert!(
+        row(&table, "Lease").contains("kube-system/crr-proxy-standalone has no holder"),
+        "{table}"
+    );
+    api.create(
+        Resource::Lease,
+        "kube-system",
+        json!({"metadata": {"name": "crr-proxy-standalone"},
+               "spec": {"holderIdentity": "node-b", "leaseDurationSeconds": 15,
+                        "renewTime": support::apiserver::now()}}),
+    )
+    .unwrap();
+    let (_, table) = check(&args, &kubeconfig, &kubelet).await;
+    assert!(
+        row(&table, "Lease").contains("held by node-b, renewed"),
+        "{table}"
+    );
     assert!(
         row(&table, "restart back-off").contains("waits 10s, doubling to 30s"),
         "{table}"
@@ -102,6 +120,7 @@ async fn everything_in_place_passes_and_each_gap_fails_by_name() {
 
     // Now break things, one per check.
     api.deny("patch pods/status");
+    api.deny("update leases");
     std::fs::write(&kubelet, "kind: KubeletConfiguration\ncontainerRuntimeEndpoint: unix:///run/containerd/containerd.sock\n").unwrap();
     let absent = format!("unix://{}", dir.join("absent.sock").display());
     let broken = [
@@ -127,6 +146,11 @@ async fn everything_in_place_passes_and_each_gap_fails_by_name() {
         "{table}"
     );
     assert!(row(&table, "node name").contains("FAIL"), "{table}");
+    assert!(
+        row(&table, "Lease").contains("FAIL")
+            && row(&table, "Lease").contains("may not update Lease"),
+        "{table}"
+    );
     // node-a's identity on a crr-proxy told it is node-z.
     assert!(row(&table, "identity").contains("FAIL"), "{table}");
     assert!(row(&table, "CRD").contains("pass"), "{table}");

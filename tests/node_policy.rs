@@ -136,26 +136,93 @@ async fn a_node_writes_only_its_own_crrs() {
     assert_eq!(patch_crr(&server, "a", "of-a", unlabel, false).await.0, 403);
 }
 
+/// The standalone Lease, held by `holder` (`None`: released).
+fn hold_lease(server: &FakeApiServer, holder: Option<&str>) {
+    let lease = json!({"metadata": {"name": "crr-proxy-standalone"},
+                       "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15}});
+    match server.get(Resource::Lease, "kube-system", "crr-proxy-standalone") {
+        None => {
+            server
+                .create_unchecked(Resource::Lease, "kube-system", lease)
+                .unwrap();
+        }
+        Some(_) => {
+            server
+                .patch(
+                    Resource::Lease,
+                    "kube-system",
+                    "crr-proxy-standalone",
+                    &lease,
+                    false,
+                )
+                .unwrap();
+        }
+    }
+}
+
 #[tokio::test]
-async fn a_new_crr_can_be_claimed_only_by_its_node_name() {
+async fn unclaimed_crrs_are_written_only_by_the_lease_holder() {
     let server = server().await;
-    // Unclaimed: no status write before the label (standalone labels first).
     let refuse = json!({"status": {"phase": "Completed", "message": "refused"}});
+    let for_a = json!({"metadata": {"labels": {NODE_LABEL: "node-a"}}});
+    let for_b = json!({"metadata": {"labels": {NODE_LABEL: "node-b"}}});
+    // No Lease, so no holder: no node may claim, even for itself.
+    let (status, message) = patch_crr(&server, "a", "new", for_a.clone(), false).await;
+    assert_eq!(status, 403);
+    assert!(message.contains("no params found"), "{message}");
     assert_eq!(
         patch_crr(&server, "a", "new", refuse.clone(), true).await.0,
         403
     );
-    // Claiming it for another node is refused; for itself it goes through.
-    let for_b = json!({"metadata": {"labels": {NODE_LABEL: "node-b"}}});
+
+    // node-b holds it: node-a still may not claim, for itself or another.
+    hold_lease(&server, Some("node-b"));
+    let (status, message) = patch_crr(&server, "a", "new", for_a.clone(), false).await;
+    assert_eq!(status, 403);
+    assert!(
+        message.ends_with("only the holder of the standalone Lease may claim or end an unclaimed ContainerRecreateRequest"),
+        "{message}"
+    );
     assert_eq!(patch_crr(&server, "a", "new", for_b, false).await.0, 403);
-    let for_a = json!({"metadata": {"labels": {NODE_LABEL: "node-a", "crr.apps.kruise.io/active": "true"}}});
-    assert_eq!(patch_crr(&server, "a", "new", for_a, false).await.0, 200);
-    // Then it is node-a's: its status may be written, and node-b is locked out.
+    // The holder claims it for the node that runs the Pod.
+    assert_eq!(patch_crr(&server, "b", "new", for_a, false).await.0, 200);
+    // Then it is node-a's: its status may be written, the holder is locked out.
     assert_eq!(
         patch_crr(&server, "a", "new", refuse.clone(), true).await.0,
         200
     );
-    assert_eq!(patch_crr(&server, "b", "new", refuse, true).await.0, 403);
+    assert_eq!(
+        patch_crr(&server, "b", "new", refuse.clone(), true).await.0,
+        403
+    );
+    // The holder cannot take or hand over a claimed CRR either.
+    let to_b = json!({"metadata": {"labels": {NODE_LABEL: "node-b"}}});
+    assert_eq!(patch_crr(&server, "b", "of-a", to_b, false).await.0, 403);
+
+    // The holder ends a CRR no node can take, leaving it unclaimed.
+    server
+        .create_unchecked(
+            Resource::Crr,
+            "default",
+            json!({"metadata": {"name": "no-pod"},
+                   "spec": {"podName": "gone", "containers": [{"name": "app"}]}}),
+        )
+        .unwrap();
+    assert_eq!(
+        patch_crr(&server, "a", "no-pod", refuse.clone(), true)
+            .await
+            .0,
+        403
+    );
+    assert_eq!(
+        patch_crr(&server, "b", "no-pod", refuse.clone(), true)
+            .await
+            .0,
+        200
+    );
+    // Once it let the Lease go, not even that.
+    hold_lease(&server, None);
+    assert_eq!(patch_crr(&server, "b", "no-pod", refuse, true).await.0, 403);
 }
 
 #[tokio::test]
@@ -170,6 +237,13 @@ async fn a_node_deletes_only_its_own_crrs() {
     assert!(server.get(Resource::Crr, "default", "of-a").is_none());
     assert!(server.get(Resource::Crr, "default", "of-b").is_some());
     assert!(server.get(Resource::Crr, "default", "new").is_some());
+    // An unclaimed one (a CRR ended for want of a Pod, past its TTL): the
+    // Lease holder only.
+    hold_lease(&server, Some("node-b"));
+    assert_eq!(code(api("a").delete("new", &delete).await).0, 403);
+    assert_eq!(code(api("b").delete("of-b", &delete).await).0, 200);
+    assert_eq!(code(api("b").delete("new", &delete).await).0, 200);
+    assert!(server.get(Resource::Crr, "default", "new").is_none());
 }
 
 #[tokio::test]

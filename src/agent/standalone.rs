@@ -4,13 +4,13 @@
 //! readiness gate, enforces activeDeadlineSeconds, completes CRRs whose Pod
 //! has gone, releases what it held at the end, and deletes after the TTL.
 //!
-//! Finding the CRRs without node labels costs one cluster-wide watch per
-//! node on `!crr.apps.kruise.io/node-name`: the API server's watch cache
-//! sends each new CRR to every node (twice: created, then labelled out of
-//! the selector), which at 5 000 nodes is 10 000 small events per CRR, and
-//! nothing more while no CRRs are created. Everything else uses the label
-//! path (`node-name=<node>`) and a `spec.nodeName=<node>` Pod watch, as
-//! kubelet's own.
+//! New CRRs carry no node label. One node at a time, the holder of the
+//! standalone Lease (`lease`), watches them cluster-wide and claims each
+//! for the node that runs its Pod (`claim`), so that the API server sends a
+//! new CRR to one node rather than to every node. Everything else here uses
+//! the label path (`node-name=<node>`) and a `spec.nodeName=<node>` Pod
+//! watch, as kubelet's own: a CRR claimed for this node and not yet
+//! accepted arrives on the watch of its inactive CRRs.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -55,18 +55,16 @@ pub(crate) struct Parts {
     /// the deadline must not wait for it.
     deadlines: Mutex<HashMap<String, JoinHandle<()>>>,
     pods: Store<Pod>,
-    /// CRRs no node has accepted yet (no node label).
-    unaccepted: Store<ContainerRecreateRequest>,
-    /// This node's finished CRRs (the active label removed).
-    finished: Store<ContainerRecreateRequest>,
+    /// This node's CRRs without the active label: claimed for it and not
+    /// yet accepted, or finished (the label removed).
+    inactive: Store<ContainerRecreateRequest>,
+    node: String,
 }
 
 /// Standalone mode's watch streams, to be followed.
 pub(crate) struct Streams {
     pods: BoxStream<'static, Result<watcher::Event<Pod>, watcher::Error>>,
-    unaccepted:
-        BoxStream<'static, Result<watcher::Event<ContainerRecreateRequest>, watcher::Error>>,
-    finished: BoxStream<'static, Result<watcher::Event<ContainerRecreateRequest>, watcher::Error>>,
+    inactive: BoxStream<'static, Result<watcher::Event<ContainerRecreateRequest>, watcher::Error>>,
 }
 
 impl Watched for Pod {
@@ -80,8 +78,7 @@ impl Watched for Pod {
 
 pub(crate) fn watches(client: &kube::Client, crrs: &CrrClient, node: &str) -> (Parts, Streams) {
     let (pods, pod_writer) = reflector::store();
-    let (unaccepted, unaccepted_writer) = reflector::store();
-    let (finished, finished_writer) = reflector::store();
+    let (inactive, inactive_writer) = reflector::store();
     let streams = Streams {
         pods: watcher(
             Api::<Pod>::all(client.clone()),
@@ -89,29 +86,28 @@ pub(crate) fn watches(client: &kube::Client, crrs: &CrrClient, node: &str) -> (P
         )
         .reflect(pod_writer)
         .boxed(),
-        unaccepted: crrs
-            .watch(watcher::Config::default().labels(&format!("!{}", labels::NODE_NAME)))
-            .reflect(unaccepted_writer)
-            .boxed(),
-        finished: crrs
+        inactive: crrs
             .watch(watcher::Config::default().labels(&format!(
                 "{}={node},!{}",
                 labels::NODE_NAME,
                 labels::ACTIVE
             )))
-            .reflect(finished_writer)
+            .reflect(inactive_writer)
             .boxed(),
     };
     let parts = Parts {
         deadlines: Mutex::new(HashMap::new()),
         pods,
-        unaccepted,
-        finished,
+        inactive,
+        node: node.to_owned(),
     };
     (parts, streams)
 }
 
 impl Streams {
+    /// How many watches `spawn` follows.
+    pub(crate) const COUNT: usize = 2;
+
     pub(crate) fn spawn(self, agent: &Arc<Agent>, gate: &Arc<SyncGate>) -> Vec<JoinHandle<()>> {
         vec![
             tokio::spawn(follow(
@@ -121,14 +117,8 @@ impl Streams {
                 Arc::clone(gate),
             )),
             tokio::spawn(follow(
-                self.unaccepted,
-                "new CRRs",
-                Arc::clone(agent),
-                Arc::clone(gate),
-            )),
-            tokio::spawn(follow(
-                self.finished,
-                "finished CRRs",
+                self.inactive,
+                "claimed and finished CRRs",
                 Arc::clone(agent),
                 Arc::clone(gate),
             )),
@@ -260,32 +250,24 @@ pub(crate) async fn manage_pod(
     let mut wrote = false;
     let mut next = Next::Done;
 
-    for crr in Parts::of_pod(&parts.unaccepted, key) {
-        if is_finished(&crr) || pod.is_none() {
-            // Only the node that runs the Pod accepts its CRRs.
-            continue;
-        }
-        // Judge on the Pod as the API server has it now, as the webhook does:
-        // the Pod watch may not have caught up with this CRR yet.
-        let Some(fresh) = fresh_pod(ctx, key).await? else {
-            continue;
-        };
-        let span = info_span!(
-            "crr",
-            namespace = %key.namespace,
-            crr = %crr.name_any(),
-            pod = %key.pod,
-        );
-        accept(ctx, &crr, &fresh).instrument(span).await?;
-        wrote = true;
-    }
-
-    for crr in Parts::of_pod(&parts.finished, key) {
+    for crr in Parts::of_pod(&parts.inactive, key) {
         if !is_finished(&crr) {
-            // A refusal cut short between its label and its status.
+            // Claimed for this node by the Lease holder (or a refusal cut
+            // short between its label and its status): judged on the Pod as
+            // the API server has it now, as the webhook does, since the Pod
+            // watch may not have caught up with this CRR yet.
             match fresh_pod(ctx, key).await? {
-                Some(fresh) => accept(ctx, &crr, &fresh).await?,
-                None => ctx.complete(&crr, Completion::PodGone).await?,
+                Some(fresh) if on_node(&fresh, &parts.node) => {
+                    let span = info_span!(
+                        "crr",
+                        namespace = %key.namespace,
+                        crr = %crr.name_any(),
+                        pod = %key.pod,
+                    );
+                    accept(ctx, &crr, &fresh).instrument(span).await?;
+                }
+                // Gone, or another Pod of that name on another node since.
+                _ => ctx.complete(&crr, Completion::PodGone).await?,
             }
             wrote = true;
             continue;
@@ -389,6 +371,10 @@ async fn write_snapshot(
     let patch = json!({"status": {"containerStatusSnapshot": snapshot}});
     ctx.crrs.patch_status(crr, &patch).await?;
     Ok(true)
+}
+
+fn on_node(pod: &Pod, node: &str) -> bool {
+    pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
 }
 
 /// The Pod as the API server has it now; `None` when it does not exist.

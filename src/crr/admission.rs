@@ -26,6 +26,16 @@ pub struct Accepted {
     pub spec: ContainerRecreateRequestSpec,
 }
 
+/// Where a new CRR goes, judged by what the webhook checks before it needs
+/// the node: its spec, then whether its Pod exists, is active and is
+/// scheduled. `Ok` names the node that runs the Pod (which judges the rest
+/// itself); `Err` is the webhook's message for a CRR no node can take.
+pub fn placement(crr: &ContainerRecreateRequest, pod: Option<&Pod>) -> Result<String, String> {
+    check_spec(crr)?;
+    let pod = pod.ok_or_else(|| format!("no found Pod named {}", crr.spec.pod_name))?;
+    check_pod(pod)
+}
+
 /// Validates and defaults `crr` for `pod` (which runs on this node), with
 /// the webhook's messages. `containers` are the Pod's runtime containers.
 pub fn admit(
@@ -33,49 +43,13 @@ pub fn admit(
     pod: &Pod,
     containers: &PodContainers,
 ) -> Result<Accepted, String> {
-    let mut spec = crr.spec.clone();
-    if spec.pod_name.is_empty() {
-        return Err("podName can not be empty".into());
-    }
+    let mut spec = check_spec(crr)?;
+    let node = check_pod(pod)?;
     let strategy = spec
         .strategy
         .get_or_insert_with(ContainerRecreateRequestStrategy::default);
-    if spec.containers.is_empty() {
-        return Err("containers list can not be null".into());
-    }
-    if spec
-        .active_deadline_seconds
-        .is_some_and(|d| d < MIN_DEADLINE_SECONDS)
-    {
-        return Err("activeDeadlineSeconds can not be less than 3s".into());
-    }
-    if strategy
-        .termination_grace_period_seconds
-        .is_some_and(|v| v < 0)
-    {
-        return Err("terminationGracePeriodSeconds must be non-negative integer".into());
-    }
-    if strategy.unready_grace_period_seconds.is_some_and(|v| v < 0) {
-        return Err("unreadyGracePeriodSeconds must be non-negative integer".into());
-    }
-    match &strategy.failure_policy {
-        None => strategy.failure_policy = Some(FailurePolicy::Fail),
-        Some(FailurePolicy::Other(other)) if other.is_empty() => {
-            strategy.failure_policy = Some(FailurePolicy::Fail)
-        }
-        Some(FailurePolicy::Other(other)) => return Err(format!("unknown failurePolicy {other}")),
-        Some(FailurePolicy::Fail | FailurePolicy::Ignore) => {}
-    }
     let pod_spec = pod.spec.clone().unwrap_or_default();
     let pod_status = pod.status.clone().unwrap_or_default();
-    let terminal = matches!(pod_status.phase.as_deref(), Some("Succeeded" | "Failed"));
-    if terminal || pod.metadata.deletion_timestamp.is_some() {
-        return Err("not allowed to recreate containers in an inactive Pod".into());
-    }
-    let node = pod_spec.node_name.clone().unwrap_or_default();
-    if node.is_empty() {
-        return Err("not allowed to recreate containers in a pending Pod".into());
-    }
     if strategy.termination_grace_period_seconds.is_none() {
         strategy.termination_grace_period_seconds = pod_spec.termination_grace_period_seconds;
     }
@@ -141,6 +115,64 @@ pub fn admit(
         pod.metadata.uid.clone().unwrap_or_default(),
     );
     Ok(Accepted { labels, spec })
+}
+
+/// The webhook's checks of the spec alone, with its defaults applied.
+fn check_spec(crr: &ContainerRecreateRequest) -> Result<ContainerRecreateRequestSpec, String> {
+    let mut spec = crr.spec.clone();
+    if spec.pod_name.is_empty() {
+        return Err("podName can not be empty".into());
+    }
+    let strategy = spec
+        .strategy
+        .get_or_insert_with(ContainerRecreateRequestStrategy::default);
+    if spec.containers.is_empty() {
+        return Err("containers list can not be null".into());
+    }
+    if spec
+        .active_deadline_seconds
+        .is_some_and(|d| d < MIN_DEADLINE_SECONDS)
+    {
+        return Err("activeDeadlineSeconds can not be less than 3s".into());
+    }
+    if strategy
+        .termination_grace_period_seconds
+        .is_some_and(|v| v < 0)
+    {
+        return Err("terminationGracePeriodSeconds must be non-negative integer".into());
+    }
+    if strategy.unready_grace_period_seconds.is_some_and(|v| v < 0) {
+        return Err("unreadyGracePeriodSeconds must be non-negative integer".into());
+    }
+    match &strategy.failure_policy {
+        None => strategy.failure_policy = Some(FailurePolicy::Fail),
+        Some(FailurePolicy::Other(other)) if other.is_empty() => {
+            strategy.failure_policy = Some(FailurePolicy::Fail)
+        }
+        Some(FailurePolicy::Other(other)) => return Err(format!("unknown failurePolicy {other}")),
+        Some(FailurePolicy::Fail | FailurePolicy::Ignore) => {}
+    }
+    Ok(spec)
+}
+
+/// The webhook's checks of the Pod itself: active, and scheduled (its node).
+fn check_pod(pod: &Pod) -> Result<String, String> {
+    let terminal = matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    );
+    if terminal || pod.metadata.deletion_timestamp.is_some() {
+        return Err("not allowed to recreate containers in an inactive Pod".into());
+    }
+    let node = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default();
+    if node.is_empty() {
+        return Err("not allowed to recreate containers in a pending Pod".into());
+    }
+    Ok(node)
 }
 
 #[cfg(test)]

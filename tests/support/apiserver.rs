@@ -45,6 +45,7 @@ pub enum Resource {
     Node,
     Event,
     CoreEvent,
+    Lease,
 }
 
 impl Resource {
@@ -57,6 +58,7 @@ impl Resource {
             ("v1", "nodes") => Resource::Node,
             ("v1", "events") => Resource::CoreEvent,
             ("events.k8s.io/v1", "events") => Resource::Event,
+            ("coordination.k8s.io/v1", "leases") => Resource::Lease,
             _ => return None,
         })
     }
@@ -65,6 +67,7 @@ impl Resource {
         match self {
             Resource::Crr => "apps.kruise.io/v1alpha1",
             Resource::Event => "events.k8s.io/v1",
+            Resource::Lease => "coordination.k8s.io/v1",
             Resource::Pod | Resource::Node | Resource::CoreEvent => "v1",
         }
     }
@@ -75,6 +78,7 @@ impl Resource {
             Resource::Pod => "Pod",
             Resource::Node => "Node",
             Resource::Event | Resource::CoreEvent => "Event",
+            Resource::Lease => "Lease",
         }
     }
 
@@ -86,6 +90,7 @@ impl Resource {
             Resource::Node => ("", "nodes"),
             Resource::CoreEvent => ("", "events"),
             Resource::Event => ("events.k8s.io", "events"),
+            Resource::Lease => ("coordination.k8s.io", "leases"),
         }
     }
 
@@ -325,6 +330,8 @@ struct Inner {
     policies: Mutex<Vec<Arc<Policy>>>,
     /// Writes this matches are swallowed: never applied, never answered.
     stall: Mutex<Option<Stall>>,
+    /// Users whose writes are cut off (`partition`).
+    partitioned: Mutex<Vec<String>>,
     store: Mutex<Store>,
     changes: broadcast::Sender<Change>,
     admission: Mutex<Vec<Admission>>,
@@ -344,6 +351,8 @@ struct Inner {
     writes: Mutex<Vec<Written>>,
     /// Watches ended with `410 Expired` so far.
     expired: Arc<std::sync::atomic::AtomicUsize>,
+    /// Watch events (ADDED, MODIFIED, DELETED) delivered so far, by resource.
+    delivered: Arc<Mutex<HashMap<Resource, u64>>>,
     /// Which CRR versions are served, and how they convert.
     crr_versions: Mutex<CrrVersions>,
 }
@@ -368,6 +377,13 @@ pub struct Written {
     pub method: Method,
     pub path: String,
     pub body: Value,
+    /// Who sent it (the authenticated user's name); `None` for the tests'
+    /// own clients.
+    pub user: Option<String>,
+    /// When it arrived.
+    pub at: tokio::time::Instant,
+    /// The answer's status code; `None` while (or if never) answered.
+    pub code: Option<u16>,
 }
 
 /// How the server's watches treat their clients; the default is the kind
@@ -437,6 +453,8 @@ impl FakeApiServer {
             pages: Mutex::new(None),
             faults: Mutex::new(Vec::new()),
             race: Mutex::new(None),
+            partitioned: Mutex::new(Vec::new()),
+            delivered: Arc::default(),
             watches: Mutex::new(Watches::default()),
             writes: Mutex::new(Vec::new()),
             expired: Arc::default(),
@@ -530,6 +548,16 @@ impl FakeApiServer {
         }
     }
 
+    /// How many watch events (ADDED, MODIFIED, DELETED; not BOOKMARKs) of
+    /// `resource` every watch together has been sent so far: what the API
+    /// server fans out.
+    pub fn watch_events(&self, resource: Resource) -> u64 {
+        lock(&self.inner.delivered)
+            .get(&resource)
+            .copied()
+            .unwrap_or_default()
+    }
+
     /// How many watches ended with `410 Expired` so far.
     pub fn watches_expired(&self) -> usize {
         self.inner
@@ -617,6 +645,17 @@ impl FakeApiServer {
         Some(other)
     }
 
+    /// While `cut`, every write of `user` (a user name, as `UserInfo`
+    /// has it) is swallowed: never applied, never answered, as if a network
+    /// partition dropped it on the way. Reads still pass.
+    pub fn partition(&self, user: &str, cut: bool) {
+        let mut partitioned = lock(&self.inner.partitioned);
+        partitioned.retain(|u| u != user);
+        if cut {
+            partitioned.push(user.to_owned());
+        }
+    }
+
     fn is_offline(&self) -> bool {
         self.inner.offline.load(std::sync::atomic::Ordering::SeqCst)
     }
@@ -657,8 +696,10 @@ impl FakeApiServer {
     }
 
     /// The policies' verdict on a write by the current HTTP caller.
+    #[allow(clippy::too_many_arguments)]
     fn admit_policies(
         &self,
+        store: &Store,
         operation: &'static str,
         (resource, namespace, name): &Key,
         status: bool,
@@ -679,6 +720,12 @@ impl FakeApiServer {
             object,
             old_object,
             user: &user,
+            params: &|kind, namespace, name| {
+                let resource = [Resource::Lease, Resource::Pod, Resource::Node]
+                    .into_iter()
+                    .find(|r| r.kind() == kind)?;
+                store.get(resource, namespace, name).cloned()
+            },
         };
         let policies = lock(&self.inner.policies).clone();
         policies.iter().try_for_each(|p| p.admit(&attrs))
@@ -780,7 +827,7 @@ impl FakeApiServer {
         for hook in hooks {
             hook(Operation::Create, resource, &mut obj, None, &store)?;
         }
-        self.admit_policies("CREATE", &key, false, Some(&obj), None)?;
+        self.admit_policies(&store, "CREATE", &key, false, Some(&obj), None)?;
         obj["apiVersion"] = json!(self.stored_api_version(resource));
         obj["kind"] = json!(resource.kind());
         let meta = &mut obj["metadata"];
@@ -950,7 +997,7 @@ impl FakeApiServer {
             validate_event(&next)?;
         }
         // Admission judges a write even when it changes nothing.
-        self.admit_policies("UPDATE", &key, status, Some(&next), Some(&current))?;
+        self.admit_policies(&store, "UPDATE", &key, status, Some(&next), Some(&current))?;
         if next == current {
             // A no-op write does not bump the resourceVersion.
             return Ok(current);
@@ -1019,7 +1066,7 @@ impl FakeApiServer {
             .get(&key)
             .cloned()
             .ok_or_else(|| ApiError::not_found(resource, name))?;
-        self.admit_policies("DELETE", &key, false, None, Some(&current))?;
+        self.admit_policies(&store, "DELETE", &key, false, None, Some(&current))?;
         let has_finalizers = current
             .pointer("/metadata/finalizers")
             .and_then(Value::as_array)
@@ -1156,6 +1203,27 @@ impl FakeApiServer {
         &self,
         req: Request<Incoming>,
     ) -> Result<Response<BoxBody<Bytes, Infallible>>, ApiError> {
+        let mut written = None;
+        let answer = self.route_write_logged(req, &mut written).await;
+        if let Some(entry) = written {
+            let code = match &answer {
+                Ok(response) => response.status().as_u16(),
+                Err(error) => error.code,
+            };
+            if let Some(w) = lock(&self.inner.writes).get_mut(entry) {
+                w.code = Some(code);
+            }
+        }
+        answer
+    }
+
+    /// `route`, noting in `written` which entry of the write log the
+    /// request made, if any.
+    async fn route_write_logged(
+        &self,
+        req: Request<Incoming>,
+        written: &mut Option<usize>,
+    ) -> Result<Response<BoxBody<Bytes, Infallible>>, ApiError> {
         let (parts, body) = req.into_parts();
         let path: Vec<&str> = parts.uri.path().trim_matches('/').split('/').collect();
         let query: BTreeMap<String, String> = parts
@@ -1291,17 +1359,34 @@ impl FakeApiServer {
             Method::PUT | Method::PATCH | Method::POST | Method::DELETE
         ) {
             let body = serde_json::from_slice::<Value>(&body).unwrap_or(Value::Null);
-            lock(&self.inner.writes).push(Written {
-                method: parts.method.clone(),
-                path: parts.uri.path().to_owned(),
-                body: body.clone(),
-            });
+            let user = CALLER
+                .try_with(|c| c.as_ref().map(|u| u.username.clone()))
+                .ok()
+                .flatten();
+            *written = {
+                let mut writes = lock(&self.inner.writes);
+                writes.push(Written {
+                    method: parts.method.clone(),
+                    path: parts.uri.path().to_owned(),
+                    body: body.clone(),
+                    user: user.clone(),
+                    at: tokio::time::Instant::now(),
+                    code: None,
+                });
+                Some(writes.len() - 1)
+            };
             let stalled = lock(&self.inner.stall)
                 .as_ref()
                 .filter(|s| (s.matches)(&parts.method, parts.uri.path(), &body))
                 .map(|s| Arc::clone(&s.hit));
             if let Some(hit) = stalled {
                 hit.notify_one();
+                std::future::pending::<()>().await;
+            }
+            let cut = user
+                .as_ref()
+                .is_some_and(|u| lock(&self.inner.partitioned).contains(u));
+            if cut {
                 std::future::pending::<()>().await;
             }
         }
@@ -1571,6 +1656,7 @@ impl FakeApiServer {
             ApiError::new(410, "Expired", format!("too old resource version: {rv}")).status()
         };
         let expired_count = Arc::clone(&self.inner.expired);
+        let delivered_count = Arc::clone(&self.inner.delivered);
         let bookmark = move |rv: u64| {
             json!({"kind": resource.kind(), "apiVersion": view_version.clone(),
                    "metadata": {"resourceVersion": rv.to_string()}})
@@ -1592,6 +1678,7 @@ impl FakeApiServer {
                 if tx.send(line(kind, &obj)).await.is_err() {
                     return false;
                 }
+                *lock(&delivered_count).entry(resource).or_default() += 1;
                 *delivered += 1;
                 if watches.gone_after.is_some_and(|n| *delivered >= n) {
                     expired_count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

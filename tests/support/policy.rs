@@ -45,6 +45,17 @@ pub struct Attributes<'a> {
     pub object: Option<&'a Value>,
     pub old_object: Option<&'a Value>,
     pub user: &'a UserInfo,
+    /// A policy's parameter object: by kind, namespace and name.
+    pub params: &'a dyn Fn(&str, &str, &str) -> Option<Value>,
+}
+
+/// A binding's `paramRef`, for a policy with a `paramKind`.
+struct ParamRef {
+    kind: String,
+    namespace: String,
+    name: String,
+    /// `parameterNotFoundAction: Deny` (else Allow: the policy is skipped).
+    deny_if_missing: bool,
 }
 
 struct Rule {
@@ -64,6 +75,7 @@ struct Validation {
 pub struct Policy {
     name: String,
     binding: String,
+    params: Option<ParamRef>,
     rules: Vec<Rule>,
     conditions: Vec<cel::Program>,
     variables: Vec<(String, cel::Program)>,
@@ -75,7 +87,7 @@ pub struct Policy {
 /// compile, a policy without a Deny binding), as that is a defect.
 pub fn load(manifest: &str) -> Vec<Policy> {
     let docs: Vec<Value> = serde_saphyr::from_multiple(manifest).expect("policy manifest is YAML");
-    let bindings: HashMap<&str, &str> = docs
+    let bindings: HashMap<&str, &Value> = docs
         .iter()
         .filter(|d| d["kind"] == "ValidatingAdmissionPolicyBinding")
         .filter(|d| {
@@ -83,12 +95,7 @@ pub fn load(manifest: &str) -> Vec<Policy> {
                 .as_array()
                 .is_some_and(|a| a.iter().any(|v| v == "Deny"))
         })
-        .filter_map(|d| {
-            Some((
-                d["spec"]["policyName"].as_str()?,
-                d["metadata"]["name"].as_str()?,
-            ))
-        })
+        .filter_map(|d| Some((d["spec"]["policyName"].as_str()?, d)))
         .collect();
     let strings = |v: &Value| -> Vec<String> {
         v.as_array()
@@ -111,11 +118,30 @@ pub fn load(manifest: &str) -> Vec<Policy> {
                 .to_owned();
             let binding = bindings
                 .get(name.as_str())
-                .unwrap_or_else(|| panic!("policy {name} has no Deny binding"))
-                .to_string();
+                .unwrap_or_else(|| panic!("policy {name} has no Deny binding"));
             assert_eq!(d["spec"]["failurePolicy"], "Fail", "policy {name}");
             let spec = &d["spec"];
+            let param_ref = &binding["spec"]["paramRef"];
+            let params = spec["paramKind"]["kind"].as_str().map(|kind| {
+                let text = |field: &str| {
+                    param_ref[field]
+                        .as_str()
+                        .unwrap_or_else(|| panic!("policy {name}: paramRef.{field}"))
+                        .to_owned()
+                };
+                ParamRef {
+                    kind: kind.to_owned(),
+                    namespace: text("namespace"),
+                    name: text("name"),
+                    deny_if_missing: text("parameterNotFoundAction") == "Deny",
+                }
+            });
+            let binding = binding["metadata"]["name"]
+                .as_str()
+                .expect("binding name")
+                .to_owned();
             Policy {
+                params,
                 rules: spec["matchConstraints"]["resourceRules"]
                     .as_array()
                     .expect("resourceRules")
@@ -231,6 +257,21 @@ impl Policy {
                 Ok(cel::Value::Bool(true)) => {}
                 Ok(cel::Value::Bool(false)) => return Ok(()),
                 other => return deny("Forbidden", &format!("matchCondition: {other:?}")),
+            }
+        }
+        if let Some(param) = &self.params {
+            match (attrs.params)(&param.kind, &param.namespace, &param.name) {
+                Some(value) => bind(&mut context, "params", &value),
+                None if param.deny_if_missing => {
+                    return deny(
+                        "Forbidden",
+                        &format!(
+                            "failed to configure binding: no params found for policy binding with `Deny` parameterNotFoundAction ({} {}/{})",
+                            param.kind, param.namespace, param.name
+                        ),
+                    );
+                }
+                None => return Ok(()),
             }
         }
         let mut variables: HashMap<String, cel::Value> = HashMap::new();

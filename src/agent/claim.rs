@@ -1,0 +1,213 @@
+//! The Lease holder's duty in standalone mode: every new CRR (no node
+//! label yet) is claimed for the node that runs its Pod, or, when no node
+//! can take it, ended with the message kruise's webhook would have refused
+//! it with. Only the holder watches these CRRs, so each new CRR costs the
+//! API server the same whatever the number of nodes.
+//!
+//! A claim is a merge patch of the node label conditional on the CRR's
+//! resourceVersion, and deploy/node-policy.yaml lets only the current
+//! holder make it: a CRR is never claimed twice, nor by a node that lost
+//! the Lease. The node the CRR is claimed for accepts it (the rest of the
+//! webhook's checks, which need its runtime) as before.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::json;
+use tracing::{debug, info, warn};
+
+use super::backoff::WatchBackoff;
+use super::context::{self, Completion};
+use super::lease::Leadership;
+use super::queue::{Next, Queue};
+use super::{AgentError, is_finished};
+use crate::crr::client::CrrClient;
+use crate::crr::{ContainerRecreateRequest, admission, labels};
+use crate::metrics::Metrics;
+use crate::telemetry::Chain;
+
+/// Claims in flight at once: each is a Pod GET and one write.
+const CONCURRENCY: usize = 16;
+
+type Key = ObjectRef<ContainerRecreateRequest>;
+
+pub(crate) struct Claimer {
+    pub(crate) client: kube::Client,
+    pub(crate) crrs: CrrClient,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) leadership: Leadership,
+    /// How long one CRR's judgement may take (the Lease's renew period): a
+    /// claim that cannot land while the Lease is surely held is abandoned
+    /// and tried again, by whoever holds it then.
+    pub(crate) timeout: Duration,
+}
+
+impl Claimer {
+    /// Claims while this node holds the Lease, for as long as it runs.
+    pub(crate) async fn run(mut self) {
+        loop {
+            self.leadership.gained().await;
+            info!("holding the standalone Lease: claiming new CRRs for the nodes of their Pods");
+            let mut leadership = self.leadership.clone();
+            tokio::select! {
+                // The watch ended (it should not): start over.
+                () = self.claim() => {}
+                () = leadership.lost() => {
+                    info!("no longer holding the standalone Lease: leaving new CRRs to its holder");
+                }
+            }
+        }
+    }
+
+    /// Watches the unclaimed CRRs and judges each as it comes.
+    async fn claim(&self) {
+        let (store, writer) = reflector::store();
+        let mut events = self
+            .crrs
+            .watch(watcher::Config::default().labels(&format!("!{}", labels::NODE_NAME)))
+            .reflect(writer)
+            .boxed();
+        let queue: Queue<Key> = Queue::default();
+        let feed = async {
+            let mut backoff = WatchBackoff::default();
+            // The store shows a (re)list only once it is done.
+            let mut listing = Vec::new();
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(watcher::Event::Apply(crr)) => {
+                        backoff.reset();
+                        queue.add(ObjectRef::from_obj(&crr));
+                    }
+                    Ok(watcher::Event::InitApply(crr)) => listing.push(ObjectRef::from_obj(&crr)),
+                    Ok(watcher::Event::InitDone) => {
+                        backoff.reset();
+                        for key in listing.drain(..) {
+                            queue.add(key);
+                        }
+                    }
+                    Ok(_) => backoff.reset(),
+                    Err(error) => {
+                        let delay = backoff.after(&error);
+                        warn!(%error, ?delay, "watch of new CRRs failed; retrying");
+                        tokio::time::sleep(delay).await;
+                    }
+                }
+            }
+        };
+        let work = async {
+            loop {
+                let (ready, next) = queue.take_due();
+                futures_util::stream::iter(ready)
+                    .for_each_concurrent(CONCURRENCY, |key| async {
+                        let next = match store.get(&key) {
+                            Some(crr) if self.leadership.holds() => {
+                                tokio::time::timeout(self.timeout, self.judge(&crr)).await
+                            }
+                            _ => Ok(Ok(Next::Done)),
+                        };
+                        let next = match next {
+                            Ok(Ok(next)) => next,
+                            Ok(Err(error)) => {
+                                warn!(error = %Chain(&error), crr = %key.name, "could not place a new CRR; backing off");
+                                Next::Failed
+                            }
+                            Err(_) => {
+                                warn!(crr = %key.name, timeout = ?self.timeout, "the API server did not answer in time about a new CRR; backing off");
+                                Next::Failed
+                            }
+                        };
+                        queue.done(key, next);
+                    })
+                    .await;
+                queue.wait(next).await;
+            }
+        };
+        tokio::select! {
+            () = feed => warn!("watch of new CRRs ended"),
+            () = work => {}
+        }
+    }
+
+    /// Claims `crr` for its Pod's node, or ends it when there is none; a
+    /// finished one (ended here before) is deleted after its TTL.
+    async fn judge(&self, crr: &ContainerRecreateRequest) -> Result<Next, AgentError> {
+        if is_finished(crr) {
+            return self.expire(crr).await;
+        }
+        let namespace = crr.namespace().unwrap_or_default();
+        // No name, no Pod to read (the spec's own check says so first).
+        let pod = match crr.spec.pod_name.as_str() {
+            "" => None,
+            name => {
+                Api::<Pod>::namespaced(self.client.clone(), &namespace)
+                    .get_opt(name)
+                    .await?
+            }
+        };
+        let written = match admission::placement(crr, pod.as_ref()) {
+            Ok(node) => {
+                let patch = json!({"metadata": {
+                    "labels": {labels::NODE_NAME: node},
+                    "resourceVersion": crr.resource_version(),
+                }});
+                let claimed = self.crrs.patch(crr, &patch).await;
+                if claimed.is_ok() {
+                    info!(crr = %crr.name_any(), %namespace, %node, "claimed for its Pod's node");
+                    self.metrics.crr_claimed();
+                }
+                claimed.map(drop)
+            }
+            Err(message) => {
+                let mut ended = crr.clone();
+                let why = Completion::Refused(message);
+                context::mark_completed(&mut ended, &why, Time(Timestamp::now()));
+                let done = self.crrs.replace_status(&ended).await;
+                if done.is_ok() {
+                    info!(crr = %crr.name_any(), %namespace, message = why.message(), "ended: no node can take it");
+                    self.metrics.crr_unclaimable();
+                }
+                done.map(drop)
+            }
+        };
+        match written {
+            Ok(()) => Ok(Next::Done),
+            // Changed since this copy, or gone: a newer copy (if any) comes
+            // on the watch and is judged then.
+            Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => {
+                debug!(crr = %crr.name_any(), code = status.code, "changed meanwhile");
+                Ok(Next::Done)
+            }
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Deletes a CRR ended here once its `ttlSecondsAfterFinished` passed.
+    async fn expire(&self, crr: &ContainerRecreateRequest) -> Result<Next, AgentError> {
+        let (Some(ttl), Some(done)) = (
+            crr.spec.ttl_seconds_after_finished,
+            crr.status.as_ref().and_then(|s| s.completion_time.as_ref()),
+        ) else {
+            return Ok(Next::Done);
+        };
+        if crr.metadata.deletion_timestamp.is_some() {
+            return Ok(Next::Done);
+        }
+        let left = i64::from(ttl) - (Timestamp::now().as_second() - done.0.as_second());
+        if left > 0 {
+            return Ok(Next::After(Duration::from_secs(left.unsigned_abs())));
+        }
+        info!(crr = %crr.name_any(), "deleting after ttlSecondsAfterFinished");
+        match self.crrs.delete(crr).await {
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(Next::Done),
+            done => done.map(|()| Next::Done).map_err(Into::into),
+        }
+    }
+}
