@@ -31,6 +31,146 @@ pub enum Command {
     Check(CheckArgs),
     /// Print the ContainerRecreateRequest CRD (apply it with kubectl).
     Crd,
+    /// Restart containers of a Pod in place (a ContainerRecreateRequest),
+    /// and follow it to its end. Also `kubectl crr restart` when this binary
+    /// is on PATH as `kubectl-crr`.
+    Restart(RestartArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RestartArgs {
+    /// The Pod whose containers to restart.
+    pub pod: String,
+
+    /// The containers to restart, in order: `-c app,sidecar` or `-c app -c sidecar`.
+    #[arg(
+        short = 'c',
+        long = "container",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub containers: Vec<String>,
+
+    /// One container at a time, each Ready before the next (orderedRecreate).
+    #[arg(long)]
+    pub ordered: bool,
+
+    /// Restart even containers that are not running (forceRecreate).
+    #[arg(long)]
+    pub force: bool,
+
+    /// A new container must have run this long (`5s`) to count (minStartedSeconds).
+    #[arg(long, value_name = "DURATION")]
+    pub min_started: Option<Seconds>,
+
+    /// Take the Pod out of service this long before the kill (unreadyGracePeriodSeconds).
+    #[arg(long, value_name = "DURATION")]
+    pub unready_grace: Option<Seconds>,
+
+    /// Give up after this long (activeDeadlineSeconds, at least 3s).
+    #[arg(long, value_name = "DURATION")]
+    pub deadline: Option<Seconds>,
+
+    /// Delete the CRR this long after it ends (ttlSecondsAfterFinished).
+    #[arg(long, value_name = "DURATION")]
+    pub ttl: Option<Seconds>,
+
+    /// When a container cannot be restarted: stop (Fail) or go on (Ignore).
+    #[arg(long, value_enum)]
+    pub failure_policy: Option<FailurePolicyArg>,
+
+    /// Follow the restart until it ends [default: when stdout is a terminal].
+    #[arg(long, overrides_with = "no_wait")]
+    pub wait: bool,
+
+    /// Create the CRR and return.
+    #[arg(long, overrides_with = "wait")]
+    pub no_wait: bool,
+
+    /// Print the CRR (the created one, or the final one when followed);
+    /// progress then goes to stderr.
+    #[arg(short = 'o', long, value_enum)]
+    pub output: Option<OutputArg>,
+
+    /// `client`: print the CRR and send nothing; `server`: have the API
+    /// server judge it without storing it.
+    #[arg(long, value_enum, default_value = "none", num_args = 0..=1, default_missing_value = "client", require_equals = true)]
+    pub dry_run: DryRunArg,
+
+    /// kubeconfig [default: $KUBECONFIG, then ~/.kube/config, then in-cluster].
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// The kubeconfig context [default: its current context].
+    #[arg(long)]
+    pub context: Option<String>,
+
+    /// The Pod's namespace [default: the context's].
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FailurePolicyArg {
+    Fail,
+    Ignore,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputArg {
+    Json,
+    Yaml,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DryRunArg {
+    None,
+    Client,
+    Server,
+}
+
+impl RestartArgs {
+    /// The run `restart` makes; `terminal`: whether stdout is one (the
+    /// default for `--wait`).
+    pub fn options(&self, terminal: bool) -> crate::restart::Options {
+        use crate::restart::{Cluster, DryRun, Options, Output, request::Request};
+        let seconds = |s: &Option<Seconds>| s.map(|s| s.0);
+        Options {
+            request: Request {
+                pod: self.pod.clone(),
+                containers: self.containers.clone(),
+                ordered: self.ordered,
+                force: self.force,
+                min_started: seconds(&self.min_started),
+                unready_grace: seconds(&self.unready_grace),
+                deadline: seconds(&self.deadline),
+                ttl: seconds(&self.ttl),
+                failure_policy: self.failure_policy.map(|p| match p {
+                    FailurePolicyArg::Fail => crate::crr::FailurePolicy::Fail,
+                    FailurePolicyArg::Ignore => crate::crr::FailurePolicy::Ignore,
+                }),
+            },
+            cluster: Cluster {
+                kubeconfig: self.kubeconfig.clone(),
+                context: self.context.clone(),
+                namespace: self.namespace.clone(),
+            },
+            wait: if self.wait || self.no_wait {
+                self.wait
+            } else {
+                terminal
+            },
+            output: self.output.map(|o| match o {
+                OutputArg::Json => Output::Json,
+                OutputArg::Yaml => Output::Yaml,
+            }),
+            dry_run: match self.dry_run {
+                DryRunArg::None => DryRun::None,
+                DryRunArg::Client => DryRun::Client,
+                DryRunArg::Server => DryRun::Server,
+            },
+        }
+    }
 }
 
 #[derive(Debug, Clone, Args)]

@@ -29,6 +29,7 @@ pub mod notify;
 pub mod proxy;
 pub mod reason;
 pub mod records;
+pub mod restart;
 pub mod telemetry;
 
 use std::future::Future;

@@ -46,6 +46,7 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Restart(args) => restart(&args),
         Command::Crd => match crr_proxy::crr::crd_manifest() {
             Ok(manifest) => {
                 print!("{manifest}");
@@ -72,6 +73,44 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+        }
+    }
+}
+
+/// `restart`: exit 0 only when everything asked for succeeded; 1 on an
+/// error or a failed restart; 130 when Ctrl-C stopped the following.
+fn restart(args: &crr_proxy::config::RestartArgs) -> ExitCode {
+    use crr_proxy::restart::Ended;
+    use std::io::IsTerminal;
+    let options = args.options(std::io::stdout().is_terminal());
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("crr-proxy: start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut out = std::io::stdout();
+    let mut err = std::io::stderr();
+    let ended = runtime.block_on(async {
+        // With -o, stdout holds the object alone.
+        let progress: &mut (dyn std::io::Write + Send) = if options.output.is_some() {
+            &mut err
+        } else {
+            &mut std::io::stdout()
+        };
+        crr_proxy::restart::run(&options, &mut out, progress).await
+    });
+    match ended {
+        Ok(Ended::Done) => ExitCode::SUCCESS,
+        Ok(Ended::Failed(_)) => ExitCode::FAILURE,
+        Ok(Ended::Interrupted) => ExitCode::from(130),
+        Err(error) => {
+            eprintln!("error: {:#}", anyhow::Error::new(error));
+            ExitCode::FAILURE
         }
     }
 }

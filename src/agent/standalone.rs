@@ -403,7 +403,7 @@ async fn accept(
             });
             match ctx.crrs.patch(crr, &patch).await {
                 // The CRR changed since this copy (most often: this node's
-                // own acceptance, not yet out of the cluster-wide watch).
+                // own acceptance, not yet out of the watch of its inactive CRRs).
                 // Its watch event brings the newer copy to judge.
                 Err(kube::Error::Api(status)) if status.code == 409 => {
                     debug!(crr = %crr.name_any(), "changed meanwhile; judged again on its next event");

@@ -97,6 +97,26 @@ impl CrrClient {
     + Send
     + 'static {
         let api = Api::<DynamicObject>::all_with(self.client.clone(), &self.version.api_resource());
+        Self::parsed(api, config)
+    }
+
+    /// The CRRs matching `config` in `namespace`.
+    pub fn watch_in(
+        &self,
+        namespace: &str,
+        config: watcher::Config,
+    ) -> impl Stream<Item = Result<watcher::Event<ContainerRecreateRequest>, watcher::Error>>
+    + Send
+    + 'static {
+        Self::parsed(self.namespaced(namespace), config)
+    }
+
+    fn parsed(
+        api: Api<DynamicObject>,
+        config: watcher::Config,
+    ) -> impl Stream<Item = Result<watcher::Event<ContainerRecreateRequest>, watcher::Error>>
+    + Send
+    + 'static {
         // An object that does not parse (written past the schema) is
         // skipped: it must not stop the watch of every other CRR.
         watcher(api, config).try_filter_map(|event| async move {
@@ -108,6 +128,23 @@ impl CrrClient {
                 watcher::Event::InitDone => Some(watcher::Event::InitDone),
             })
         })
+    }
+
+    /// Creates `body` (a CRR in this version's JSON) in `namespace`; with
+    /// `dry_run`, judged by the API server and its admission, not stored.
+    pub async fn create(
+        &self,
+        namespace: &str,
+        body: &Value,
+        dry_run: bool,
+    ) -> Result<ContainerRecreateRequest, kube::Error> {
+        let body: DynamicObject =
+            serde_json::from_value(body.clone()).map_err(kube::Error::SerdeError)?;
+        let params = PostParams {
+            dry_run,
+            ..PostParams::default()
+        };
+        parse_object(self.namespaced(namespace).create(&params, &body).await?)
     }
 
     pub async fn get(

@@ -780,7 +780,7 @@ impl FakeApiServer {
         obj: Value,
     ) -> Result<Value, ApiError> {
         let hooks = lock(&self.inner.admission).clone();
-        self.create_with(resource, namespace, obj, &hooks)
+        self.create_with(resource, namespace, obj, &hooks, false)
     }
 
     /// Creates without admission hooks, as if no webhook were installed.
@@ -790,22 +790,45 @@ impl FakeApiServer {
         namespace: &str,
         obj: Value,
     ) -> Result<Value, ApiError> {
-        self.create_with(resource, namespace, obj, &[])
+        self.create_with(resource, namespace, obj, &[], false)
     }
 
+    /// Creates `obj` after `hooks`; with `dry_run` (`?dryRun=All`), judged
+    /// and answered as created, but not stored.
     fn create_with(
         &self,
         resource: Resource,
         namespace: &str,
         mut obj: Value,
         hooks: &[Admission],
+        dry_run: bool,
     ) -> Result<Value, ApiError> {
         let mut store = lock(&self.inner.store);
-        let name = obj
+        let mut name = obj
             .pointer("/metadata/name")
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_owned();
+        let generate = obj
+            .pointer("/metadata/generateName")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        if name.is_empty() && !generate.is_empty() {
+            // Five characters of the API server's alphabet, here from the
+            // resourceVersion so that names never repeat.
+            const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+            let mut n = store.rv + 1;
+            let suffix: String = (0..5)
+                .map(|_| {
+                    let c = ALPHABET[(n % ALPHABET.len() as u64) as usize] as char;
+                    n /= ALPHABET.len() as u64;
+                    c
+                })
+                .collect();
+            name = format!("{generate}{suffix}");
+            obj["metadata"]["name"] = json!(name);
+        }
         if name.is_empty() {
             return Err(ApiError::new(
                 422,
@@ -842,6 +865,9 @@ impl FakeApiServer {
             if let Some(obj) = obj.as_object_mut() {
                 obj.remove("status");
             }
+        }
+        if dry_run {
+            return Ok(obj);
         }
         Ok(self.commit(&mut store, key, ChangeKind::Added, None, obj))
     }
@@ -1490,7 +1516,10 @@ impl FakeApiServer {
                 if self.judged_as_v1beta1(resource, view) {
                     super::versions::validate_v1beta1(&obj)?;
                 }
-                self.create(resource, &ns, obj).and_then(|obj| ok(201, obj))
+                let hooks = lock(&self.inner.admission).clone();
+                let dry_run = query.get("dryRun").map(String::as_str) == Some("All");
+                self.create_with(resource, &ns, obj, &hooks, dry_run)
+                    .and_then(|obj| ok(201, obj))
             }
             (&Method::PUT, Some(name)) => {
                 let body = parse()?;

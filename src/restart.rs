@@ -1,0 +1,384 @@
+//! `crr-proxy restart POD -c app[,sidecar]`, also `kubectl crr restart`
+//! when the binary is on PATH as `kubectl-crr`: creates a CRR for the Pod
+//! and, with `--wait`, follows it to its end. It only writes a CRR, so it
+//! works with either agent mode and with OpenKruise's own kruise-daemon.
+//!
+//! - `request`: the flags as a CRR, checked against the Pod first;
+//! - `follow`: what changed between two reads, and the outcome.
+
+pub mod follow;
+pub mod request;
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::{WatchStreamExt, watcher};
+
+use crate::crr::ContainerRecreateRequest;
+use crate::crr::client::{ApiVersion, CrrClient};
+use follow::{Outcome, Tracker};
+use request::{Request, RequestError};
+
+/// Where the tool finds the cluster, as kubectl does.
+#[derive(Clone, Debug, Default)]
+pub struct Cluster {
+    pub kubeconfig: Option<std::path::PathBuf>,
+    pub context: Option<String>,
+    /// `None`: the context's namespace.
+    pub namespace: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    Json,
+    Yaml,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DryRun {
+    None,
+    /// Print what would be created; send nothing.
+    Client,
+    /// Have the API server judge it (admission included) without storing it.
+    Server,
+}
+
+/// One run of `restart`.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub request: Request,
+    pub cluster: Cluster,
+    pub wait: bool,
+    pub output: Option<Output>,
+    pub dry_run: DryRun,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RestartError {
+    #[error("kubeconfig: {0}")]
+    Kubeconfig(String),
+    #[error("kubernetes API")]
+    Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    #[error("pod {pod} not found in namespace {namespace}")]
+    NoPod { pod: String, namespace: String },
+    #[error("containerrecreaterequest {0} was deleted while followed")]
+    Deleted(String),
+    #[error("cannot watch the CRR, its Pod and its Events")]
+    Unwatchable,
+    #[error("write the output")]
+    Output(#[source] std::io::Error),
+    #[error("render the object")]
+    Render(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// How a run ended, for the exit status.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// Created (and, if followed, completed with every container recreated).
+    Done,
+    /// Followed to an end that is not a success: the reason.
+    Failed(String),
+    /// Ctrl-C: the follower stopped, the restart goes on.
+    Interrupted,
+}
+
+/// Runs `restart`: progress goes to `progress`, the object (with `-o`) to
+/// `out`.
+pub async fn run(
+    options: &Options,
+    out: &mut (dyn Write + Send),
+    progress: &mut (dyn Write + Send),
+) -> Result<Ended, RestartError> {
+    let (client, namespace) = connect(&options.cluster).await?;
+    let version = ApiVersion::discover(&client).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let pod_name = &options.request.pod;
+    let pod = pods
+        .get_opt(pod_name)
+        .await?
+        .ok_or_else(|| RestartError::NoPod {
+            pod: pod_name.clone(),
+            namespace: namespace.clone(),
+        })?;
+    let name = options.request.name(seed());
+    let api_version = version.api_resource().api_version;
+    let mut body = options.request.crr(&pod, &api_version, &name)?;
+    body["metadata"]["namespace"] = namespace.clone().into();
+    let say = |progress: &mut (dyn Write + Send), text: &str| {
+        writeln!(progress, "{text}").map_err(RestartError::Output)
+    };
+    if options.dry_run == DryRun::Client {
+        say(
+            progress,
+            &format!(
+                "containerrecreaterequest/{name} would be created in {namespace} (client dry run)"
+            ),
+        )?;
+        return print(out, options.output.unwrap_or(Output::Yaml), &body).map(|()| Ended::Done);
+    }
+    let crrs = CrrClient::new(client.clone(), version);
+    let server_dry_run = options.dry_run == DryRun::Server;
+    let follow = options.wait && !server_dry_run;
+    // Watching before the CRR exists: none of its changes is missed, however
+    // fast the node is.
+    let mut changes = if follow {
+        Some(Changes::start(&crrs, &client, &namespace, &name, pod_name).await?)
+    } else {
+        None
+    };
+    let created = crrs.create(&namespace, &body, server_dry_run).await?;
+    let dry = if server_dry_run {
+        " (server dry run)"
+    } else {
+        ""
+    };
+    say(
+        progress,
+        &format!("containerrecreaterequest/{name} created in {namespace}{dry}"),
+    )?;
+    let Some(changes) = changes.as_mut() else {
+        if let Some(output) = options.output {
+            print(out, output, &to_value(&created)?)?;
+        }
+        return Ok(Ended::Done);
+    };
+    let interrupted = tokio::signal::ctrl_c();
+    let (last, ended) = tokio::select! {
+        followed = follow_to_end(changes, &created, progress) => followed?,
+        _ = interrupted => {
+            say(progress, &format!(
+                "stopped following; the restart goes on: kubectl get containerrecreaterequest -n {namespace} {name}"
+            ))?;
+            return Ok(Ended::Interrupted);
+        }
+    };
+    if let Some(output) = options.output {
+        print(out, output, &to_value(&last)?)?;
+    }
+    Ok(ended)
+}
+
+/// A changing seed for the CRR's name: the clock and the process.
+fn seed() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    u64::try_from(nanos % u128::from(u64::MAX)).unwrap_or(0) ^ u64::from(std::process::id()) << 32
+}
+
+/// One change seen by the watches of the CRR, its Pod and the Pod's Events.
+enum Change {
+    Crr(Box<watcher::Event<ContainerRecreateRequest>>),
+    Pod(Box<watcher::Event<Pod>>),
+    Event(Box<watcher::Event<Event>>),
+}
+
+/// The three watches, forwarded into one channel by tasks of their own.
+struct Changes {
+    rx: tokio::sync::mpsc::UnboundedReceiver<Change>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Changes {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+impl Changes {
+    /// Starts the watches and returns once each has listed.
+    async fn start(
+        crrs: &CrrClient,
+        client: &kube::Client,
+        namespace: &str,
+        name: &str,
+        pod: &str,
+    ) -> Result<Self, RestartError> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (listed, mut ready) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let by_name = |n: &str| watcher::Config::default().fields(&format!("metadata.name={n}"));
+        let crr = crrs.watch_in(namespace, by_name(name)).boxed();
+        let pods = watcher(
+            Api::<Pod>::namespaced(client.clone(), namespace),
+            by_name(pod),
+        )
+        .boxed();
+        let events = watcher(
+            Api::<Event>::namespaced(client.clone(), namespace),
+            watcher::Config::default().fields(&format!("regarding.name={pod}")),
+        )
+        .boxed();
+        let tasks = vec![
+            forward(
+                crr,
+                |e| Change::Crr(Box::new(e)),
+                tx.clone(),
+                listed.clone(),
+            ),
+            forward(
+                pods,
+                |e| Change::Pod(Box::new(e)),
+                tx.clone(),
+                listed.clone(),
+            ),
+            forward(events, |e| Change::Event(Box::new(e)), tx, listed),
+        ];
+        let changes = Self { rx, tasks };
+        for _ in 0..changes.tasks.len() {
+            match tokio::time::timeout(Duration::from_secs(30), ready.recv()).await {
+                Ok(Some(())) => {}
+                _ => return Err(RestartError::Unwatchable),
+            }
+        }
+        Ok(changes)
+    }
+}
+
+/// Forwards `stream`'s events into `tx`, telling `listed` after each list.
+fn forward<K: Send + 'static>(
+    stream: futures_util::stream::BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>,
+    wrap: fn(watcher::Event<K>) -> Change,
+    tx: tokio::sync::mpsc::UnboundedSender<Change>,
+    listed: tokio::sync::mpsc::UnboundedSender<()>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream.default_backoff());
+        while let Some(event) = stream.next().await {
+            let Ok(event) = event else {
+                continue;
+            };
+            if matches!(event, watcher::Event::InitDone) {
+                let _ = listed.send(());
+            }
+            if tx.send(wrap(event)).is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// Follows `created` through `changes` until it is completed.
+async fn follow_to_end(
+    changes: &mut Changes,
+    created: &ContainerRecreateRequest,
+    progress: &mut (dyn Write + Send),
+) -> Result<(ContainerRecreateRequest, Ended), RestartError> {
+    let name = created.name_any();
+    let since = created.creation_timestamp().map(|t| t.0.as_second());
+    let started = Instant::now();
+    let mut tracker = Tracker::default();
+    let mut crr = created.clone();
+    let mut pod: Option<Pod> = None;
+    let mut events: Vec<Event> = Vec::new();
+    while let Some(change) = changes.rx.recv().await {
+        match change {
+            Change::Crr(c) => match *c {
+                watcher::Event::Apply(c) | watcher::Event::InitApply(c) => crr = c,
+                watcher::Event::Delete(_) => return Err(RestartError::Deleted(name)),
+                _ => continue,
+            },
+            Change::Pod(p) => match *p {
+                watcher::Event::Apply(p) | watcher::Event::InitApply(p) => pod = Some(p),
+                watcher::Event::Delete(_) => pod = None,
+                _ => continue,
+            },
+            Change::Event(e) => match *e {
+                watcher::Event::Apply(e) | watcher::Event::InitApply(e) => {
+                    // The Pod's Events since this CRR, in the order they came.
+                    let at = e
+                        .metadata
+                        .creation_timestamp
+                        .as_ref()
+                        .map(|t| t.0.as_second());
+                    if at.zip(since).is_some_and(|(at, since)| at >= since) {
+                        events.push(e);
+                    }
+                }
+                _ => continue,
+            },
+        }
+        for line in tracker.observe(started.elapsed(), &crr, pod.as_ref(), &events) {
+            writeln!(progress, "{line}").map_err(RestartError::Output)?;
+        }
+        if let Some(outcome) = tracker.outcome(&crr) {
+            let took = started.elapsed().as_secs_f64();
+            let (verdict, ended) = match outcome {
+                Outcome::Succeeded => (format!("succeeded in {took:.1}s"), Ended::Done),
+                Outcome::Failed(why) => (
+                    format!("FAILED after {took:.1}s: {why}"),
+                    Ended::Failed(why),
+                ),
+            };
+            writeln!(progress, "{name}: {verdict}").map_err(RestartError::Output)?;
+            for line in tracker.summary() {
+                writeln!(progress, "  {line}").map_err(RestartError::Output)?;
+            }
+            return Ok((crr, ended));
+        }
+    }
+    Err(RestartError::Unwatchable)
+}
+
+/// The client and namespace: `--kubeconfig` (else `$KUBECONFIG` or
+/// `~/.kube/config`, else in-cluster), `--context`, and `-n` or the
+/// context's namespace.
+async fn connect(cluster: &Cluster) -> Result<(kube::Client, String), RestartError> {
+    let options = KubeConfigOptions {
+        context: cluster.context.clone(),
+        ..KubeConfigOptions::default()
+    };
+    let failed = |e: &dyn std::fmt::Display| RestartError::Kubeconfig(e.to_string());
+    let config = match &cluster.kubeconfig {
+        Some(path) => {
+            let kubeconfig = Kubeconfig::read_from(path)
+                .map_err(|e| RestartError::Kubeconfig(format!("{}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+                .await
+                .map_err(|e| failed(&e))?
+        }
+        None => match kube::Config::from_kubeconfig(&options).await {
+            Ok(config) => config,
+            Err(_) if cluster.context.is_none() => {
+                kube::Config::infer().await.map_err(|e| failed(&e))?
+            }
+            Err(error) => return Err(failed(&error)),
+        },
+    };
+    let namespace = cluster
+        .namespace
+        .clone()
+        .unwrap_or_else(|| config.default_namespace.clone());
+    let client = kube::Client::try_from(config)?;
+    Ok((client, namespace))
+}
+
+fn to_value(crr: &ContainerRecreateRequest) -> Result<serde_json::Value, RestartError> {
+    serde_json::to_value(crr).map_err(|e| RestartError::Render(Box::new(e)))
+}
+
+fn print(
+    out: &mut (dyn Write + Send),
+    output: Output,
+    object: &serde_json::Value,
+) -> Result<(), RestartError> {
+    let text = match output {
+        Output::Json => serde_json::to_string_pretty(object)
+            .map(|t| t + "\n")
+            .map_err(|e| RestartError::Render(Box::new(e)))?,
+        Output::Yaml => {
+            serde_saphyr::to_string(object).map_err(|e| RestartError::Render(Box::new(e)))?
+        }
+    };
+    out.write_all(text.as_bytes()).map_err(RestartError::Output)
+}

@@ -1,0 +1,365 @@
+//! `crr-proxy restart` (and `kubectl-crr restart`), run as the binary an
+//! operator runs, against the fake API server with real containerd, the
+//! kubelet role, and crr-proxy's agent in standalone mode as node-a.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crr_proxy::agent::{self, AgentConfig, LeaseSettings, Mode};
+use crr_proxy::kill::Killer;
+use crr_proxy::metrics::Metrics;
+use crr_proxy::proxy::{Proxy, Routes};
+use crr_proxy::reason::Recreated;
+use crr_proxy::records::Records;
+use serde_json::{Value, json};
+use support::ProxyUnderTest;
+use support::apiserver::{FakeApiServer, Resource, Selector};
+use support::containerd::Containerd;
+use support::kubelet::{ContainerSpec, Kubelet, PodSpec};
+
+const NODE: &str = "node-a";
+
+/// One node in standalone mode, and a kubeconfig for the operator.
+struct Node {
+    api: FakeApiServer,
+    kubelet: Kubelet,
+    kubeconfig: PathBuf,
+    agent: tokio::task::JoinHandle<()>,
+    _proxy: ProxyUnderTest,
+    ctrd: Containerd,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.agent.abort();
+    }
+}
+
+impl Node {
+    async fn start() -> Self {
+        support::init_logging();
+        let ctrd = tokio::task::spawn_blocking(Containerd::start)
+            .await
+            .unwrap()
+            .unwrap();
+        let api = FakeApiServer::start_for_node(NODE, "node-a-token").await;
+        let recreated = Arc::new(Recreated::in_memory());
+        let proxy = ProxyUnderTest::serve(
+            Proxy::new(Routes {
+                runtime: ctrd.endpoint(),
+                image: None,
+            })
+            .with_reasons(Arc::clone(&recreated)),
+        );
+        let kubelet = Kubelet::start(&api, proxy.client(), NODE, ctrd.scratch("logs")).await;
+        let cri = support::client(&ctrd.endpoint());
+        let (synced, mut ready) = tokio::sync::watch::channel(false);
+        let config = AgentConfig {
+            client: api.client_as("node-a-token"),
+            cri: cri.clone(),
+            killer: Killer::new(cri, None),
+            node_name: NODE.into(),
+            mode: Mode::Standalone,
+            recreated,
+            kills: Arc::new(Records::in_memory()),
+            metrics: Arc::new(Metrics::default()),
+            lease: LeaseSettings::default(),
+        };
+        let agent = tokio::spawn(agent::run(config, synced, std::future::pending()));
+        tokio::time::timeout(Duration::from_secs(10), ready.wait_for(|r| *r))
+            .await
+            .unwrap()
+            .unwrap();
+        let kubeconfig = ctrd.scratch("operator").join("kubeconfig");
+        // The operator's: two contexts, the current one without a namespace.
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"{}\"}}}}]\n\
+                 users: [{{name: admin, user: {{}}}}]\n\
+                 contexts: [{{name: plain, context: {{cluster: fake, user: admin}}}},\n\
+                 {{name: shop, context: {{cluster: fake, user: admin, namespace: shop}}}}]\n\
+                 current-context: plain\n",
+                api.url
+            ),
+        )
+        .unwrap();
+        Self {
+            api,
+            kubelet,
+            kubeconfig,
+            agent,
+            _proxy: proxy,
+            ctrd,
+        }
+    }
+
+    /// Runs the binary as `program` (argv[0]) with `args`.
+    async fn run_as(&self, program: &Path, args: &[&str]) -> Run {
+        let mut command = std::process::Command::new(program);
+        command
+            .args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env_remove("CRR_PROXY_LOG");
+        let output = tokio::task::spawn_blocking(move || command.output().unwrap())
+            .await
+            .unwrap();
+        Run {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    async fn restart(&self, args: &[&str]) -> Run {
+        let mut all = vec!["restart"];
+        all.extend_from_slice(args);
+        self.run_as(Path::new(env!("CARGO_BIN_EXE_crr-proxy")), &all)
+            .await
+    }
+
+    fn crrs(&self, namespace: &str) -> Vec<Value> {
+        self.api
+            .list(Resource::Crr, Some(namespace), &Selector::default())
+    }
+
+    fn pod(&self, name: &str) -> Value {
+        self.api.get(Resource::Pod, "default", name).unwrap()
+    }
+}
+
+#[derive(Debug)]
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn restarts(pod: &Value, container: &str) -> i64 {
+    pod["status"]["containerStatuses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == container)
+        .unwrap()["restartCount"]
+        .as_i64()
+        .unwrap()
+}
+
+fn two_containers(name: &str) -> PodSpec {
+    PodSpec::new(
+        name,
+        vec![
+            ContainerSpec::graceful("app"),
+            ContainerSpec::graceful("sidecar"),
+        ],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_pod_is_restarted_and_followed_to_the_end() {
+    let node = Node::start().await;
+    node.kubelet.run_pod(two_containers("web")).await;
+    let run = node.restart(&["web", "-c", "app", "--wait"]).await;
+    eprintln!("{}", run.stdout);
+    assert_eq!(run.code, 0, "{run:?}");
+    let out = &run.stdout;
+    assert!(
+        out.starts_with("containerrecreaterequest/web-restart-"),
+        "{out}"
+    );
+    assert!(out.contains(" created in default\n"), "{out}");
+    for line in [
+        "CRR Recreating",
+        "app: Succeeded, killed",
+        "event Killing: Stopping container app by ContainerRecreateRequest web-restart-",
+        "app: restarted (1 restarts, last ended: ContainerRecreateRequest)",
+        ": succeeded in ",
+        ", restarts 0 -> 1, last ended: ContainerRecreateRequest",
+        "steps: ",
+    ] {
+        assert!(out.contains(line), "missing {line:?} in\n{out}");
+    }
+    assert!(
+        !out.contains("sidecar"),
+        "only the app was asked for:\n{out}"
+    );
+    let pod = node.pod("web");
+    assert_eq!(restarts(&pod, "app"), 1);
+    assert_eq!(restarts(&pod, "sidecar"), 0);
+    let crrs = node.crrs("default");
+    assert_eq!(crrs.len(), 1);
+    assert_eq!(
+        crrs[0]["metadata"]["labels"]["crr-proxy.io/created-by"],
+        "kubectl-crr"
+    );
+    assert_eq!(crrs[0]["status"]["phase"], "Completed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failing_pre_stop_is_shown_and_the_exit_status_is_not_zero() {
+    let node = Node::start().await;
+    let mut app = ContainerSpec::graceful("app");
+    app.pre_stop = Some(json!({"exec": {"command": ["sh", "-c", "echo no clean stop; exit 3"]}}));
+    node.kubelet.run_pod(PodSpec::new("web", vec![app])).await;
+    let run = node.restart(&["web", "-c", "app", "--wait"]).await;
+    eprintln!("{}", run.stdout);
+    assert_eq!(run.code, 1, "{run:?}");
+    let out = &run.stdout;
+    assert!(out.contains("event FailedPreStopHook: "), "{out}");
+    assert!(out.contains("no clean stop"), "{out}");
+    assert!(out.contains(": FAILED after "), "{out}");
+    assert!(out.contains("preStop hook failed: "), "{out}");
+    // The container was still recreated, as kubelet would.
+    assert!(out.contains("app: Succeeded, killed"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_input_gives_a_clear_error_and_creates_nothing() {
+    let node = Node::start().await;
+    node.kubelet.run_pod(two_containers("web")).await;
+    let cases: &[(&[&str], i32, &str)] = &[
+        (
+            &["nosuch", "-c", "app"],
+            1,
+            "error: pod nosuch not found in namespace default",
+        ),
+        (
+            &["web", "-c", "db"],
+            1,
+            "error: pod web has no container db (it has: app, sidecar)",
+        ),
+        (
+            &["web", "-c", "app,app"],
+            1,
+            "error: container app is named twice",
+        ),
+        (
+            &["web", "-c", "app", "--deadline", "1s"],
+            1,
+            "--deadline must be at least 3s",
+        ),
+        (
+            &["web", "-c", "app", "--ttl", "1.5s"],
+            2,
+            "invalid value '1.5s' for '--ttl",
+        ),
+        (&["web"], 2, "required arguments were not provided"),
+        (
+            &["web", "-c", "app", "-n", "shop"],
+            1,
+            "error: pod web not found in namespace shop",
+        ),
+        (
+            &["web", "-c", "app", "--context", "shop"],
+            1,
+            "error: pod web not found in namespace shop",
+        ),
+        (
+            &["web", "-c", "app", "--context", "nowhere"],
+            1,
+            "error: kubeconfig: ",
+        ),
+    ];
+    for (args, code, message) in cases {
+        let run = node.restart(args).await;
+        assert_eq!(run.code, *code, "{args:?}: {run:?}");
+        assert!(run.stderr.contains(message), "{args:?}: {run:?}");
+    }
+    assert!(node.crrs("default").is_empty());
+    assert!(node.crrs("shop").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dry_runs_create_nothing_and_output_is_the_object() {
+    let node = Node::start().await;
+    node.kubelet.run_pod(two_containers("web")).await;
+    let client = node
+        .restart(&[
+            "web",
+            "-c",
+            "app,sidecar",
+            "--ordered",
+            "--min-started",
+            "5s",
+            "--dry-run=client",
+            "-o",
+            "json",
+        ])
+        .await;
+    assert_eq!(client.code, 0, "{client:?}");
+    let object: Value = serde_json::from_str(&client.stdout).unwrap();
+    assert!(
+        object["metadata"]["name"]
+            .as_str()
+            .unwrap()
+            .starts_with("web-restart-")
+    );
+    assert_eq!(
+        object["spec"]["strategy"],
+        json!({"orderedRecreate": true, "minStartedSeconds": 5})
+    );
+    assert!(
+        client
+            .stderr
+            .contains("would be created in default (client dry run)"),
+        "{client:?}"
+    );
+
+    let server = node
+        .restart(&["web", "-c", "app", "--dry-run=server"])
+        .await;
+    assert_eq!(server.code, 0, "{server:?}");
+    assert!(
+        server
+            .stdout
+            .contains("created in default (server dry run)"),
+        "{server:?}"
+    );
+    assert!(node.crrs("default").is_empty(), "a dry run stores nothing");
+
+    // Not followed: the created object, as YAML, and the restart goes on.
+    let created = node
+        .restart(&["web", "-c", "app", "--no-wait", "-o", "yaml"])
+        .await;
+    assert_eq!(created.code, 0, "{created:?}");
+    let object: Value = serde_saphyr::from_str(&created.stdout).unwrap();
+    let name = object["metadata"]["name"].as_str().unwrap().to_owned();
+    assert!(name.starts_with("web-restart-"), "{name}");
+    assert!(
+        created
+            .stderr
+            .contains(&format!("containerrecreaterequest/{name} created"))
+    );
+    support::roles::wait_for(Duration::from_secs(30), || {
+        let crr = node.api.get(Resource::Crr, "default", &name)?;
+        (crr["status"]["phase"] == "Completed").then_some(())
+    })
+    .await
+    .expect("the restart went on without the tool");
+}
+
+/// On PATH as `kubectl-crr`, kubectl runs it for `kubectl crr ...`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn as_a_kubectl_plugin_it_is_the_same_tool() {
+    let node = Node::start().await;
+    node.kubelet.run_pod(two_containers("web")).await;
+    let plugin = node.ctrd.scratch("bin").join("kubectl-crr");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_crr-proxy"), &plugin).unwrap();
+    let help = node.run_as(&plugin, &["restart", "--help"]).await;
+    assert_eq!(help.code, 0, "{help:?}");
+    assert!(
+        help.stdout.contains("Usage: kubectl-crr restart"),
+        "{help:?}"
+    );
+    let run = node
+        .run_as(&plugin, &["restart", "web", "-c", "sidecar", "--wait"])
+        .await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(run.stdout.contains("sidecar: Succeeded, killed"), "{run:?}");
+    assert_eq!(restarts(&node.pod("web"), "sidecar"), 1);
+}
