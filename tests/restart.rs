@@ -363,3 +363,59 @@ async fn as_a_kubectl_plugin_it_is_the_same_tool() {
     assert!(run.stdout.contains("sidecar: Succeeded, killed"), "{run:?}");
     assert_eq!(restarts(&node.pod("web"), "sidecar"), 1);
 }
+
+/// Ctrl-C stops following, never the restart: exit 130, and the CRR
+/// completes without the tool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ctrl_c_stops_following_and_the_restart_goes_on() {
+    use std::io::BufRead;
+    let node = Node::start().await;
+    let mut app = ContainerSpec::graceful("app");
+    app.pre_stop = Some(json!({"exec": {"command": ["sleep", "3"]}}));
+    node.kubelet.run_pod(PodSpec::new("web", vec![app])).await;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_crr-proxy"))
+        .args(["restart", "web", "-c", "app", "--wait"])
+        .env("KUBECONFIG", &node.kubeconfig)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (name, rest) = tokio::task::spawn_blocking(move || {
+        let mut lines = std::io::BufReader::new(stdout).lines();
+        let first = lines.next().unwrap().unwrap();
+        let name = first
+            .strip_prefix("containerrecreaterequest/")
+            .and_then(|l| l.split(' ').next())
+            .unwrap()
+            .to_owned();
+        // Following now (the preStop takes 3 s).
+        loop {
+            let line = lines.next().unwrap().unwrap();
+            if line.contains("event Killing") {
+                break;
+            }
+        }
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGINT,
+        )
+        .unwrap();
+        let rest: Vec<String> = lines.map_while(Result::ok).collect();
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(130));
+        (name, rest)
+    })
+    .await
+    .unwrap();
+    assert!(
+        rest.iter().any(|l| l.starts_with("stopped following; the restart goes on: kubectl get containerrecreaterequest -n default ")),
+        "{rest:?}"
+    );
+    support::roles::wait_for(Duration::from_secs(30), || {
+        let crr = node.api.get(Resource::Crr, "default", &name)?;
+        (crr["status"]["phase"] == "Completed").then_some(())
+    })
+    .await
+    .expect("the restart went on");
+    assert_eq!(restarts(&node.pod("web"), "app"), 1);
+}
