@@ -551,6 +551,23 @@ mod tests {
     }
 
     #[test]
+    fn restart_waits_on_a_terminal_unless_told() {
+        let wait = |args: &[&str], terminal: bool| {
+            let mut argv = vec!["crr-proxy", "restart", "web-0", "-c", "app"];
+            argv.extend_from_slice(args);
+            match Cli::try_parse_from(argv).unwrap().command {
+                Command::Restart(restart) => restart.options(terminal).wait,
+                other => panic!("parsed `restart` as {other:?}"),
+            }
+        };
+        assert!(wait(&[], true));
+        assert!(!wait(&[], false));
+        assert!(!wait(&["--no-wait"], true));
+        assert!(wait(&["--wait"], false));
+        assert!(wait(&["--no-wait", "--wait"], false), "the last one wins");
+    }
+
+    #[test]
     fn the_lease_defaults_and_its_timing_is_checked() {
         let agent = |args: &[&str]| {
             let mut all = vec!["--agent", "standalone", "--node-name", "node-a"];
