@@ -390,6 +390,15 @@ fn is_finished(crr: &ContainerRecreateRequest) -> bool {
             .is_some_and(|s| s.completion_time.is_some())
 }
 
+/// Seconds until a finished CRR's `ttlSecondsAfterFinished` runs out (zero
+/// or less: due); `None` without a TTL or a completion time.
+fn ttl_left(crr: &ContainerRecreateRequest) -> Option<i64> {
+    let ttl = crr.spec.ttl_seconds_after_finished?;
+    let done = crr.status.as_ref()?.completion_time.as_ref()?;
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    Some(i64::from(ttl) - (now - done.0.as_second()))
+}
+
 fn phase(crr: &ContainerRecreateRequest) -> Phase {
     crr.status
         .as_ref()

@@ -66,7 +66,9 @@ fn is_gone(error: &watcher::Error) -> bool {
 
 /// Up to `max`, from the clock's nanoseconds: spread enough to keep nodes
 /// apart, with no generator to seed.
-fn jitter(max: Duration) -> Duration {
+/// Up to `max`, from the clock's nanoseconds (spread enough for retries,
+/// and no RNG to carry).
+pub(crate) fn jitter(max: Duration) -> Duration {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |t| t.subsec_nanos());

@@ -191,16 +191,12 @@ impl Claimer {
 
     /// Deletes a CRR ended here once its `ttlSecondsAfterFinished` passed.
     async fn expire(&self, crr: &ContainerRecreateRequest) -> Result<Next, AgentError> {
-        let (Some(ttl), Some(done)) = (
-            crr.spec.ttl_seconds_after_finished,
-            crr.status.as_ref().and_then(|s| s.completion_time.as_ref()),
-        ) else {
+        let Some(left) = super::ttl_left(crr) else {
             return Ok(Next::Done);
         };
         if crr.metadata.deletion_timestamp.is_some() {
             return Ok(Next::Done);
         }
-        let left = i64::from(ttl) - (Timestamp::now().as_second() - done.0.as_second());
         if left > 0 {
             return Ok(Next::After(Duration::from_secs(left.unsigned_abs())));
         }

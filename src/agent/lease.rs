@@ -31,7 +31,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::backoff::WatchBackoff;
+use super::backoff::{WatchBackoff, jitter};
 use crate::metrics::Metrics;
 
 /// The Lease and its timing (`--lease-*`).
@@ -66,7 +66,7 @@ pub(crate) struct Leadership {
 impl Leadership {
     /// Holds the Lease at this moment.
     pub(crate) fn holds(&self) -> bool {
-        matches!(*self.until.borrow(), Some(until) if Instant::now() < until)
+        holds(*self.until.borrow())
     }
 
     /// Returns once this node holds the Lease.
@@ -99,6 +99,11 @@ impl Leadership {
             }
         }
     }
+}
+
+/// Whether a holder counted on until `until` still is one.
+fn holds(until: Option<Instant>) -> bool {
+    until.is_some_and(|until| Instant::now() < until)
 }
 
 /// What to do with the Lease as read now.
@@ -311,7 +316,7 @@ impl Elector {
     }
 
     fn holds(&self) -> bool {
-        matches!(*self.until.borrow(), Some(until) if Instant::now() < until)
+        holds(*self.until.borrow())
     }
 
     fn set(&self, until: Option<Instant>) {
@@ -413,16 +418,6 @@ impl Elector {
             .await
             .map(drop)
     }
-}
-
-/// Up to `max`, from the clock's nanoseconds (no RNG needed for spreading
-/// reads).
-fn jitter(max: Duration) -> Duration {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    max.mul_f64(f64::from(nanos) / 1e9)
 }
 
 #[cfg(test)]

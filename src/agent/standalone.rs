@@ -272,13 +272,9 @@ pub(crate) async fn manage_pod(
             wrote = true;
             continue;
         }
-        let (Some(ttl), Some(done)) = (
-            crr.spec.ttl_seconds_after_finished,
-            crr.status.as_ref().and_then(|s| s.completion_time.as_ref()),
-        ) else {
+        let Some(left) = super::ttl_left(&crr) else {
             continue;
         };
-        let left = i64::from(ttl) - (Timestamp::now().as_second() - done.0.as_second());
         if left <= 0 {
             info!(crr = %crr.name_any(), "deleting after ttlSecondsAfterFinished");
             ctx.crrs.delete(&crr).await?;
