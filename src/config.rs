@@ -39,8 +39,11 @@ pub enum Command {
 
 #[derive(Debug, Clone, Args)]
 pub struct RestartArgs {
-    /// The Pod whose containers to restart.
-    pub pod: String,
+    /// What to restart: a Pod (`web-0`), or every Pod of a workload in
+    /// waves (`deployment/web`, `sts/db`, `ds/agent`, `rs/web-5d8f`,
+    /// `cloneset/shop`, `asts/db`).
+    #[arg(value_name = "POD|KIND/NAME", value_parser = parse_target)]
+    pub target: crate::restart::target::Target,
 
     /// The containers to restart, in order: `-c app,sidecar` or `-c app -c sidecar`.
     #[arg(
@@ -79,6 +82,19 @@ pub struct RestartArgs {
     #[arg(long, value_enum)]
     pub failure_policy: Option<FailurePolicyArg>,
 
+    /// A workload: how many of its Pods may be restarting or unready at
+    /// once, a number or a percentage of its Pods (rounded down, at least 1).
+    #[arg(long, value_name = "N|P%", default_value = "1")]
+    pub max_unavailable: crate::restart::waves::MaxUnavailable,
+
+    /// A workload: go on after a failed restart (the exit status is still 1).
+    #[arg(long)]
+    pub continue_on_failure: bool,
+
+    /// A workload: resume this run, skipping the Pods it restarted already.
+    #[arg(long, value_name = "ID")]
+    pub run_id: Option<String>,
+
     /// Follow the restart until it ends [default: when stdout is a terminal].
     #[arg(long, overrides_with = "no_wait")]
     pub wait: bool,
@@ -110,6 +126,10 @@ pub struct RestartArgs {
     pub namespace: Option<String>,
 }
 
+fn parse_target(text: &str) -> Result<crate::restart::target::Target, String> {
+    crate::restart::target::Target::parse(text).map_err(|e| e.to_string())
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum FailurePolicyArg {
     Fail,
@@ -132,12 +152,24 @@ pub enum DryRunArg {
 impl RestartArgs {
     /// The run `restart` makes; `terminal`: whether stdout is one (the
     /// default for `--wait`).
-    pub fn options(&self, terminal: bool) -> crate::restart::Options {
-        use crate::restart::{Cluster, DryRun, Options, Output, request::Request};
+    pub fn options(&self, terminal: bool, live: bool) -> crate::restart::Options {
+        use crate::restart::target::Target;
+        use crate::restart::{Cluster, DryRun, Options, Output, WaveOptions, request::Request};
         let seconds = |s: &Option<Seconds>| s.map(|s| s.0);
+        let workload = matches!(self.target, Target::Workload(..));
         Options {
+            target: self.target.clone(),
+            waves: WaveOptions {
+                max_unavailable: self.max_unavailable,
+                continue_on_failure: self.continue_on_failure,
+                run_id: self.run_id.clone(),
+            },
+            live,
             request: Request {
-                pod: self.pod.clone(),
+                pod: match &self.target {
+                    Target::Pod(name) => name.clone(),
+                    Target::Workload(..) => String::new(),
+                },
                 containers: self.containers.clone(),
                 ordered: self.ordered,
                 force: self.force,
@@ -155,10 +187,12 @@ impl RestartArgs {
                 context: self.context.clone(),
                 namespace: self.namespace.clone(),
             },
+            // A workload's waves are always followed; `--no-wait` with one
+            // is refused.
             wait: if self.wait || self.no_wait {
                 self.wait
             } else {
-                terminal
+                terminal || workload
             },
             output: self.output.map(|o| match o {
                 OutputArg::Json => Output::Json,
@@ -556,7 +590,7 @@ mod tests {
             let mut argv = vec!["crr-proxy", "restart", "web-0", "-c", "app"];
             argv.extend_from_slice(args);
             match Cli::try_parse_from(argv).unwrap().command {
-                Command::Restart(restart) => restart.options(terminal).wait,
+                Command::Restart(restart) => restart.options(terminal, false).wait,
                 other => panic!("parsed `restart` as {other:?}"),
             }
         };

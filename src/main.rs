@@ -82,7 +82,14 @@ fn main() -> ExitCode {
 fn restart(args: &crr_proxy::config::RestartArgs) -> ExitCode {
     use crr_proxy::restart::Ended;
     use std::io::IsTerminal;
-    let options = args.options(std::io::stdout().is_terminal());
+    let stdout_terminal = std::io::stdout().is_terminal();
+    // Progress goes to stdout, or to stderr when stdout holds the object.
+    let live = if args.output.is_some() {
+        std::io::stderr().is_terminal()
+    } else {
+        stdout_terminal
+    };
+    let options = args.options(stdout_terminal, live);
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -8,6 +8,9 @@
 
 pub mod follow;
 pub mod request;
+pub mod target;
+pub mod waves;
+mod workload;
 
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -15,6 +18,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -24,6 +28,8 @@ use crate::crr::ContainerRecreateRequest;
 use crate::crr::client::{ApiVersion, CrrClient};
 use follow::{Outcome, Tracker};
 use request::{Request, RequestError};
+use target::{Kind, Target};
+use waves::MaxUnavailable;
 
 /// Where the tool finds the cluster, as kubectl does.
 #[derive(Clone, Debug, Default)]
@@ -52,11 +58,26 @@ pub enum DryRun {
 /// One run of `restart`.
 #[derive(Clone, Debug)]
 pub struct Options {
+    pub target: Target,
+    /// What to ask of each Pod (its `pod` is set per Pod).
     pub request: Request,
+    pub waves: WaveOptions,
+    /// Whether progress goes to a terminal (a live status line), or to a
+    /// file or pipe (plain lines).
+    pub live: bool,
     pub cluster: Cluster,
     pub wait: bool,
     pub output: Option<Output>,
     pub dry_run: DryRun,
+}
+
+/// How a workload is walked through.
+#[derive(Clone, Debug, Default)]
+pub struct WaveOptions {
+    pub max_unavailable: MaxUnavailable,
+    pub continue_on_failure: bool,
+    /// Resume this run: Pods it restarted already are skipped.
+    pub run_id: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +94,20 @@ pub enum RestartError {
     Deleted(String),
     #[error("cannot watch the CRR, its Pod and its Events")]
     Unwatchable,
+    #[error("{kind} {name} not found in namespace {namespace}")]
+    NoWorkload {
+        kind: Kind,
+        name: String,
+        namespace: String,
+    },
+    #[error("{0} is not served by this cluster (is OpenKruise installed?)")]
+    NotServed(Kind),
+    #[error("{kind}/{name} has no Pods to restart")]
+    NoPods { kind: Kind, name: String },
+    #[error("run {run} restarted Pods of another workload, not {target}")]
+    OtherRun { run: String, target: String },
+    #[error("{0}")]
+    Usage(&'static str),
     #[error("write the output")]
     Output(#[source] std::io::Error),
     #[error("render the object")]
@@ -99,18 +134,47 @@ pub async fn run(
 ) -> Result<Ended, RestartError> {
     let (client, namespace) = connect(&options.cluster).await?;
     let version = ApiVersion::discover(&client).await?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
-    let pod_name = &options.request.pod;
+    let at = Place {
+        crrs: CrrClient::new(client.clone(), version),
+        client,
+        namespace,
+    };
+    match &options.target {
+        Target::Pod(pod) => one_pod(options, &at, pod, out, progress).await,
+        Target::Workload(kind, name) => {
+            workload::run(options, &at, *kind, name, out, progress).await
+        }
+    }
+}
+
+/// Where a run writes: the cluster, and the namespace.
+struct Place {
+    client: kube::Client,
+    crrs: CrrClient,
+    namespace: String,
+}
+
+async fn one_pod(
+    options: &Options,
+    at: &Place,
+    pod_name: &str,
+    out: &mut (dyn Write + Send),
+    progress: &mut (dyn Write + Send),
+) -> Result<Ended, RestartError> {
+    let (client, namespace, crrs) = (&at.client, &at.namespace, &at.crrs);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let mut request = options.request.clone();
+    request.pod = pod_name.to_owned();
     let pod = pods
         .get_opt(pod_name)
         .await?
         .ok_or_else(|| RestartError::NoPod {
-            pod: pod_name.clone(),
+            pod: pod_name.to_owned(),
             namespace: namespace.clone(),
         })?;
-    let name = options.request.name(seed());
-    let api_version = version.api_resource().api_version;
-    let mut body = options.request.crr(&pod, &api_version, &name)?;
+    let name = request.name(seed());
+    let api_version = crrs.version().api_resource().api_version;
+    let mut body = request.crr(&pod, &api_version, &name)?;
     body["metadata"]["namespace"] = namespace.clone().into();
     let say = |progress: &mut (dyn Write + Send), text: &str| {
         writeln!(progress, "{text}").map_err(RestartError::Output)
@@ -124,17 +188,16 @@ pub async fn run(
         )?;
         return print(out, options.output.unwrap_or(Output::Yaml), &body).map(|()| Ended::Done);
     }
-    let crrs = CrrClient::new(client.clone(), version);
     let server_dry_run = options.dry_run == DryRun::Server;
     let follow = options.wait && !server_dry_run;
     // Watching before the CRR exists: none of its changes is missed, however
     // fast the node is.
     let mut changes = if follow {
-        Some(Changes::start(&crrs, &client, &namespace, &name, pod_name).await?)
+        Some(Changes::of_one(crrs, client, namespace, &name, pod_name).await?)
     } else {
         None
     };
-    let created = crrs.create(&namespace, &body, server_dry_run).await?;
+    let created = crrs.create(namespace, &body, server_dry_run).await?;
     let dry = if server_dry_run {
         " (server dry run)"
     } else {
@@ -175,16 +238,23 @@ fn seed() -> u64 {
     u64::try_from(nanos % u128::from(u64::MAX)).unwrap_or(0) ^ u64::from(std::process::id()) << 32
 }
 
-/// One change seen by the watches of the CRR, its Pod and the Pod's Events.
+/// One change seen by the watches of the CRRs, Pods, Events and budgets.
 enum Change {
     Crr(Box<watcher::Event<ContainerRecreateRequest>>),
     Pod(Box<watcher::Event<Pod>>),
     Event(Box<watcher::Event<Event>>),
+    Budget(Box<watcher::Event<PodDisruptionBudget>>),
 }
 
-/// The three watches, forwarded into one channel by tasks of their own.
+type WatchStream<K> =
+    futures_util::stream::BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>;
+
+/// Watches, each forwarded into one channel by a task of its own.
 struct Changes {
     rx: tokio::sync::mpsc::UnboundedReceiver<Change>,
+    tx: tokio::sync::mpsc::UnboundedSender<Change>,
+    listed: tokio::sync::mpsc::UnboundedSender<()>,
+    ready: tokio::sync::mpsc::UnboundedReceiver<()>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -197,75 +267,87 @@ impl Drop for Changes {
 }
 
 impl Changes {
-    /// Starts the watches and returns once each has listed.
-    async fn start(
+    fn new() -> Self {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (listed, ready) = tokio::sync::mpsc::unbounded_channel();
+        Self {
+            rx,
+            tx,
+            listed,
+            ready,
+            tasks: Vec::new(),
+        }
+    }
+
+    /// Forwards `stream`'s events, wrapped by `wrap`.
+    fn add<K: Send + 'static>(
+        &mut self,
+        stream: WatchStream<K>,
+        wrap: fn(watcher::Event<K>) -> Change,
+    ) {
+        let (tx, listed) = (self.tx.clone(), self.listed.clone());
+        self.tasks.push(tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream.default_backoff());
+            while let Some(event) = stream.next().await {
+                let Ok(event) = event else {
+                    continue;
+                };
+                let done = matches!(event, watcher::Event::InitDone);
+                if tx.send(wrap(event)).is_err() {
+                    return;
+                }
+                // After the list's last event is queued: who waits for the
+                // lists finds every listed object in the channel.
+                if done {
+                    let _ = listed.send(());
+                }
+            }
+        }));
+    }
+
+    /// Returns once every watch has listed.
+    async fn listed(&mut self) -> Result<(), RestartError> {
+        for _ in 0..self.tasks.len() {
+            match tokio::time::timeout(Duration::from_secs(30), self.ready.recv()).await {
+                Ok(Some(())) => {}
+                _ => return Err(RestartError::Unwatchable),
+            }
+        }
+        Ok(())
+    }
+
+    /// The watches of one CRR, its Pod and the Pod's Events, listed.
+    async fn of_one(
         crrs: &CrrClient,
         client: &kube::Client,
         namespace: &str,
         name: &str,
         pod: &str,
     ) -> Result<Self, RestartError> {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let (listed, mut ready) = tokio::sync::mpsc::unbounded_channel::<()>();
         let by_name = |n: &str| watcher::Config::default().fields(&format!("metadata.name={n}"));
-        let crr = crrs.watch_in(namespace, by_name(name)).boxed();
-        let pods = watcher(
-            Api::<Pod>::namespaced(client.clone(), namespace),
-            by_name(pod),
-        )
-        .boxed();
-        let events = watcher(
-            Api::<Event>::namespaced(client.clone(), namespace),
-            watcher::Config::default().fields(&format!("regarding.name={pod}")),
-        )
-        .boxed();
-        let tasks = vec![
-            forward(
-                crr,
-                |e| Change::Crr(Box::new(e)),
-                tx.clone(),
-                listed.clone(),
-            ),
-            forward(
-                pods,
-                |e| Change::Pod(Box::new(e)),
-                tx.clone(),
-                listed.clone(),
-            ),
-            forward(events, |e| Change::Event(Box::new(e)), tx, listed),
-        ];
-        let changes = Self { rx, tasks };
-        for _ in 0..changes.tasks.len() {
-            match tokio::time::timeout(Duration::from_secs(30), ready.recv()).await {
-                Ok(Some(())) => {}
-                _ => return Err(RestartError::Unwatchable),
-            }
-        }
+        let mut changes = Self::new();
+        changes.add(crrs.watch_in(namespace, by_name(name)).boxed(), |e| {
+            Change::Crr(Box::new(e))
+        });
+        changes.add(
+            watcher(
+                Api::<Pod>::namespaced(client.clone(), namespace),
+                by_name(pod),
+            )
+            .boxed(),
+            |e| Change::Pod(Box::new(e)),
+        );
+        changes.add(
+            watcher(
+                Api::<Event>::namespaced(client.clone(), namespace),
+                watcher::Config::default().fields(&format!("regarding.name={pod}")),
+            )
+            .boxed(),
+            |e| Change::Event(Box::new(e)),
+        );
+        changes.listed().await?;
         Ok(changes)
     }
-}
-
-/// Forwards `stream`'s events into `tx`, telling `listed` after each list.
-fn forward<K: Send + 'static>(
-    stream: futures_util::stream::BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>,
-    wrap: fn(watcher::Event<K>) -> Change,
-    tx: tokio::sync::mpsc::UnboundedSender<Change>,
-    listed: tokio::sync::mpsc::UnboundedSender<()>,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream.default_backoff());
-        while let Some(event) = stream.next().await {
-            let Ok(event) = event else {
-                continue;
-            };
-            if matches!(event, watcher::Event::InitDone) {
-                let _ = listed.send(());
-            }
-            if tx.send(wrap(event)).is_err() {
-                return;
-            }
-        }
-    })
 }
 
 /// Follows `created` through `changes` until it is completed.
@@ -296,17 +378,14 @@ async fn follow_to_end(
             Change::Event(e) => match *e {
                 watcher::Event::Apply(e) | watcher::Event::InitApply(e) => {
                     // The Pod's Events since this CRR, in the order they came.
-                    let at = e
-                        .metadata
-                        .creation_timestamp
-                        .as_ref()
-                        .map(|t| t.0.as_second());
+                    let at = follow::last_seen(&e);
                     if at.zip(since).is_some_and(|(at, since)| at >= since) {
                         events.push(e);
                     }
                 }
                 _ => continue,
             },
+            Change::Budget(_) => continue,
         }
         for line in tracker.observe(started.elapsed(), &crr, pod.as_ref(), &events) {
             writeln!(progress, "{line}").map_err(RestartError::Output)?;

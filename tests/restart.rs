@@ -20,6 +20,7 @@ use support::ProxyUnderTest;
 use support::apiserver::{FakeApiServer, Resource, Selector};
 use support::containerd::Containerd;
 use support::kubelet::{ContainerSpec, Kubelet, PodSpec};
+use support::workloads::{self, DisruptionController, Workload};
 
 const NODE: &str = "node-a";
 
@@ -29,6 +30,7 @@ struct Node {
     kubelet: Kubelet,
     kubeconfig: PathBuf,
     agent: tokio::task::JoinHandle<()>,
+    _disruption: DisruptionController,
     _proxy: ProxyUnderTest,
     ctrd: Containerd,
 }
@@ -89,6 +91,7 @@ impl Node {
         )
         .unwrap();
         Self {
+            _disruption: DisruptionController::start(&api),
             api,
             kubelet,
             kubeconfig,
@@ -216,6 +219,22 @@ async fn a_failing_pre_stop_is_shown_and_the_exit_status_is_not_zero() {
     assert!(out.contains("preStop hook failed: "), "{out}");
     // The container was still recreated, as kubelet would.
     assert!(out.contains("app: Succeeded, killed"), "{out}");
+
+    // Again, with a restart already behind the container: a failure too.
+    node.kubelet.set_crash_loop_backoff(quick_backoff());
+    let again = node.restart(&["web", "-c", "app", "--wait"]).await;
+    assert_eq!(again.code, 1, "{again:?}");
+    assert!(again.stdout.contains("preStop hook failed: "), "{again:?}");
+    assert_eq!(restarts(&node.pod("web"), "app"), 2);
+}
+
+/// kubelet's CrashLoopBackOff, short: a second restart within minutes
+/// would otherwise wait 10 s.
+fn quick_backoff() -> support::kubelet::CrashLoopBackOff {
+    support::kubelet::CrashLoopBackOff {
+        initial: Duration::from_millis(200),
+        max: Duration::from_secs(1),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -418,4 +437,412 @@ async fn ctrl_c_stops_following_and_the_restart_goes_on() {
     .await
     .expect("the restart went on");
     assert_eq!(restarts(&node.pod("web"), "app"), 1);
+}
+
+// ---- A workload, in waves ----
+
+/// A Pod of a workload: one container that is Ready 1 s after each start,
+/// so that every restart leaves the Pod unready for a while.
+fn slow_ready(name: &str) -> PodSpec {
+    let mut app = ContainerSpec::graceful("app");
+    app.post_start = Duration::from_secs(1);
+    PodSpec::new(name, vec![app])
+}
+
+/// Counts, every 20 ms, the workload's Pods that are restarting (a CRR not
+/// yet completed) or unready, and keeps the most seen at once.
+struct Sampler {
+    most: Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Sampler {
+    fn start(node: &Node, pods: &[String]) -> Self {
+        let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (api, pods, seen) = (node.api.clone(), pods.to_vec(), Arc::clone(&most));
+        let task = tokio::spawn(async move {
+            loop {
+                let crrs = api.list(Resource::Crr, Some("default"), &Selector::default());
+                let down = pods
+                    .iter()
+                    .filter(|name| {
+                        let restarting = crrs.iter().any(|c| {
+                            c["spec"]["podName"] == name.as_str()
+                                && c["status"]["phase"] != "Completed"
+                        });
+                        let ready = api
+                            .get(Resource::Pod, "default", name)
+                            .and_then(|p| support::roles::condition(&p, "Ready"))
+                            .is_some_and(|r| r == "True");
+                        restarting || !ready
+                    })
+                    .count();
+                seen.fetch_max(down, std::sync::atomic::Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        Self { most, task }
+    }
+
+    fn most(&self) -> usize {
+        self.task.abort();
+        self.most.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Node {
+    async fn deployment(
+        &self,
+        name: &str,
+        replicas: usize,
+        pod: impl Fn(&str) -> PodSpec,
+    ) -> Workload {
+        workloads::create(
+            &self.api,
+            &self.kubelet,
+            Resource::Deployment,
+            name,
+            replicas,
+            pod,
+        )
+        .await
+    }
+
+    fn restart_counts(&self, pods: &[String]) -> Vec<i64> {
+        pods.iter().map(|p| restarts(&self.pod(p), "app")).collect()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_workload_is_restarted_in_waves_of_at_most_max_unavailable() {
+    let node = Node::start().await;
+    let web = node.deployment("web", 6, slow_ready).await;
+    let sampler = Sampler::start(&node, &web.pods);
+    let run = node
+        .restart(&["deployment/web", "-c", "app", "--max-unavailable", "2"])
+        .await;
+    let most = sampler.most();
+    eprintln!("{}", run.stdout);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(
+        most, 2,
+        "at most 2 Pods down at once, and 2 did go together"
+    );
+    assert_eq!(node.restart_counts(&web.pods), vec![1; 6]);
+    let out = &run.stdout;
+    assert!(
+        out.contains("restarting app in 6 Pods of deployment/web, at most 2 at a time"),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("wave 1: {}, {}\n", web.pods[0], web.pods[1])),
+        "{out}"
+    );
+    assert!(out.contains("wave 3: "), "{out}");
+    assert!(!out.contains("wave 4: "), "{out}");
+    assert!(
+        out.contains(&format!("{}: restarted in ", web.pods[5])),
+        "{out}"
+    );
+    assert!(out.contains("progress: Pods 6/6 done"), "{out}");
+    assert!(
+        out.contains("deployment/web: 6 restarted, 0 skipped, 0 failed in "),
+        "{out}"
+    );
+    let crrs = node.crrs("default");
+    assert_eq!(crrs.len(), 6);
+    let run_id = crrs[0]["metadata"]["labels"]["crr-proxy.io/run"].clone();
+    for crr in &crrs {
+        assert_eq!(crr["metadata"]["labels"]["crr-proxy.io/run"], run_id);
+        assert_eq!(
+            crr["metadata"]["labels"]["crr-proxy.io/workload-uid"],
+            web.uid.as_str()
+        );
+    }
+}
+
+/// A PodDisruptionBudget over the Pods has the last word: while it allows
+/// no disruption the run waits, saying why; at `maxUnavailable: 1` it goes
+/// one Pod at a time, whatever `--max-unavailable` says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_disruption_budget_holds_the_run_and_lowers_its_waves() {
+    let node = Node::start().await;
+    let web = node.deployment("web", 4, slow_ready).await;
+    node.api
+        .create(
+            Resource::PodDisruptionBudget,
+            "default",
+            json!({"metadata": {"name": "web"},
+                   "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "web"}}}}),
+        )
+        .unwrap();
+    support::roles::wait_for(Duration::from_secs(5), || {
+        node.api
+            .get(Resource::PodDisruptionBudget, "default", "web")
+            .filter(|b| b["status"]["currentHealthy"] == 4)
+    })
+    .await
+    .expect("the disruption controller judged the budget");
+    let sampler = Sampler::start(&node, &web.pods);
+    let run = {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_crr-proxy"));
+        command
+            .args([
+                "restart",
+                "deploy/web",
+                "-c",
+                "app",
+                "--max-unavailable",
+                "50%",
+            ])
+            .env("KUBECONFIG", &node.kubeconfig);
+        tokio::task::spawn_blocking(move || command.output().unwrap())
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        node.crrs("default").is_empty(),
+        "nothing while the budget allows nothing"
+    );
+    node.api
+        .patch(
+            Resource::PodDisruptionBudget,
+            "default",
+            "web",
+            &json!({"spec": {"maxUnavailable": 1}}),
+            false,
+        )
+        .unwrap();
+    let output = run.await.unwrap();
+    let most = sampler.most();
+    let out = String::from_utf8_lossy(&output.stdout);
+    eprintln!("{out}");
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert!(out.contains("at most 2 at a time"), "{out}");
+    assert!(
+        out.contains("waiting: PodDisruptionBudget web allows no disruption now\n"),
+        "{out}"
+    );
+    assert_eq!(most, 1, "the budget allows one Pod down");
+    assert!(out.contains("wave 4: "), "{out}");
+    assert_eq!(node.restart_counts(&web.pods), vec![1; 4]);
+}
+
+fn second_fails(name: &str) -> PodSpec {
+    let mut spec = slow_ready(name);
+    if name.ends_with("c9q4m") {
+        spec.containers[0].pre_stop =
+            Some(json!({"exec": {"command": ["sh", "-c", "echo cannot drain; exit 3"]}}));
+    }
+    spec
+}
+
+/// The first failed restart stops the run; `--continue-on-failure` (here
+/// resuming the same run) goes past it and still exits 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_restart_stops_the_run_unless_told_to_go_on() {
+    let node = Node::start().await;
+    let web = node.deployment("web", 4, second_fails).await;
+    node.kubelet.set_crash_loop_backoff(quick_backoff());
+    let run = node.restart(&["deployment/web", "-c", "app"]).await;
+    eprintln!("{}", run.stdout);
+    assert_eq!(run.code, 1, "{run:?}");
+    let out = &run.stdout;
+    assert!(
+        out.contains(&format!("{}: FAILED after ", web.pods[1])),
+        "{out}"
+    );
+    assert!(out.contains("preStop hook failed: "), "{out}");
+    assert!(
+        out.contains("deployment/web: 1 restarted, 0 skipped, 1 failed, 2 not restarted"),
+        "{out}"
+    );
+    assert!(out.contains("stopped at the first failed restart"), "{out}");
+    assert_eq!(node.crrs("default").len(), 2, "no CRR after the failure");
+    assert_eq!(node.restart_counts(&web.pods), vec![1, 1, 0, 0]);
+    let run_id = out
+        .split("Resume: the same command with --run-id ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .unwrap()
+        .to_owned();
+
+    let again = node
+        .restart(&[
+            "deployment/web",
+            "-c",
+            "app",
+            "--run-id",
+            &run_id,
+            "--continue-on-failure",
+        ])
+        .await;
+    eprintln!("{}", again.stdout);
+    assert_eq!(again.code, 1, "{again:?}");
+    let out = &again.stdout;
+    assert!(out.contains("(1 restarted by this run already)"), "{out}");
+    assert!(
+        out.contains("deployment/web: 2 restarted, 1 skipped, 1 failed in "),
+        "{out}"
+    );
+    // The first Pod is not restarted twice; the failed one is tried again.
+    assert_eq!(node.restart_counts(&web.pods), vec![1, 2, 1, 1]);
+}
+
+/// Ctrl-C stops the tool, not the run's restarts under way; the same
+/// command with `--run-id` finishes the run and restarts no Pod twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_interrupted_run_resumes_without_restarting_a_pod_twice() {
+    use std::io::BufRead;
+    let node = Node::start().await;
+    let web = node.deployment("web", 4, slow_ready).await;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_crr-proxy"))
+        .args(["restart", "deployment/web", "-c", "app"])
+        .env("KUBECONFIG", &node.kubeconfig)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let lines = tokio::task::spawn_blocking(move || {
+        let mut lines = std::io::BufReader::new(stdout).lines();
+        let mut seen = Vec::new();
+        // Interrupted in the second wave, its restart under way.
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            let second = line.starts_with("wave 2: ");
+            seen.push(line);
+            if second {
+                break;
+            }
+        }
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGINT,
+        )
+        .unwrap();
+        seen.extend(lines.map_while(Result::ok));
+        assert_eq!(child.wait().unwrap().code(), Some(130));
+        seen
+    })
+    .await
+    .unwrap();
+    let out = lines.join("\n");
+    eprintln!("{out}");
+    let resume = lines
+        .iter()
+        .find_map(|l| l.split("Resume: the same command with --run-id ").nth(1))
+        .unwrap_or_else(|| panic!("no resume hint in\n{out}"));
+    assert!(out.contains("1 restart(s) under way go on"), "{out}");
+    let again = node
+        .restart(&["deployment/web", "-c", "app", "--run-id", resume])
+        .await;
+    eprintln!("{}", again.stdout);
+    assert_eq!(again.code, 0, "{again:?}");
+    assert!(again.stdout.contains("deployment/web: "), "{again:?}");
+    assert_eq!(node.restart_counts(&web.pods), vec![1; 4], "each Pod once");
+    assert_eq!(node.crrs("default").len(), 4, "one CRR a Pod");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_workload_input_gives_a_clear_error_and_creates_nothing() {
+    let node = Node::start().await;
+    node.deployment("web", 2, slow_ready).await;
+    let cases: &[(&[&str], i32, &str)] = &[
+        (
+            &["job/backup", "-c", "app"],
+            2,
+            "unknown workload kind \"job\": restart a pod, deployment, statefulset",
+        ),
+        (
+            &["deployment/web", "-c", "app", "--max-unavailable", "0"],
+            2,
+            "invalid value '0' for '--max-unavailable <N|P%>': must be at least 1",
+        ),
+        (
+            &["deployment/web", "-c", "app", "--max-unavailable", "many"],
+            2,
+            "is neither a number of Pods (2) nor a percentage (25%)",
+        ),
+        (
+            &["deployment/nosuch", "-c", "app"],
+            1,
+            "error: deployment nosuch not found in namespace default",
+        ),
+        (
+            &["deployment/web", "-c", "db"],
+            1,
+            "has no container db (it has: app)",
+        ),
+        (
+            &["cloneset/shop", "-c", "app"],
+            1,
+            "error: cloneset is not served by this cluster (is OpenKruise installed?)",
+        ),
+        (
+            &["statefulset/web", "-c", "app"],
+            1,
+            "error: statefulset web not found in namespace default",
+        ),
+        (
+            &["deployment/web", "-c", "app", "--no-wait"],
+            1,
+            "--no-wait applies to one Pod only",
+        ),
+    ];
+    for (args, code, message) in cases {
+        let run = node.restart(args).await;
+        assert_eq!(run.code, *code, "{args:?}: {run:?}");
+        assert!(run.stderr.contains(message), "{args:?}: {run:?}");
+    }
+    assert!(node.crrs("default").is_empty());
+}
+
+/// OpenKruise's CloneSet once its CRD is served; a dry run of a workload
+/// lists the CRRs it would create and stores none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_clone_set_is_restarted_once_served_and_dry_runs_store_nothing() {
+    let node = Node::start().await;
+    node.api.serve_kruise_workloads();
+    let shop = workloads::create(
+        &node.api,
+        &node.kubelet,
+        Resource::CloneSet,
+        "shop",
+        2,
+        slow_ready,
+    )
+    .await;
+    let dry = node
+        .restart(&[
+            "cloneset/shop",
+            "-c",
+            "app",
+            "--dry-run=client",
+            "-o",
+            "json",
+        ])
+        .await;
+    assert_eq!(dry.code, 0, "{dry:?}");
+    let list: Value = serde_json::from_str(&dry.stdout).unwrap();
+    assert_eq!(list["kind"], "List");
+    assert_eq!(list["items"].as_array().unwrap().len(), 2);
+    assert_eq!(list["items"][0]["spec"]["podName"], shop.pods[0].as_str());
+    assert!(
+        dry.stderr
+            .contains("2 containerrecreaterequests would be created in default for cloneset/shop"),
+        "{dry:?}"
+    );
+    let server = node
+        .restart(&["clone/shop", "-c", "app", "--dry-run=server"])
+        .await;
+    assert_eq!(server.code, 0, "{server:?}");
+    assert!(node.crrs("default").is_empty(), "a dry run stores nothing");
+
+    let run = node
+        .restart(&["clone/shop", "-c", "app", "-o", "yaml"])
+        .await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(run.stderr.contains("cloneset/shop: 2 restarted"), "{run:?}");
+    let list: Value = serde_saphyr::from_str(&run.stdout).unwrap();
+    assert_eq!(list["items"].as_array().unwrap().len(), 2);
+    assert_eq!(node.restart_counts(&shop.pods), vec![1, 1]);
 }

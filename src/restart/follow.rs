@@ -29,6 +29,21 @@ struct Seen {
     pod_ready: Option<bool>,
 }
 
+/// When `event` last happened, in Unix seconds: a repeated Event keeps
+/// its first creationTimestamp and counts on in `series`.
+pub fn last_seen(event: &Event) -> Option<i64> {
+    event
+        .series
+        .as_ref()
+        .map(|s| s.last_observed_time.0.as_second())
+        .or(event.event_time.as_ref().map(|t| t.0.as_second()))
+        .or(event
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.as_second()))
+}
+
 /// How a followed CRR ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {

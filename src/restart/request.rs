@@ -29,6 +29,21 @@ pub struct Request {
     pub failure_policy: Option<FailurePolicy>,
 }
 
+/// `len` characters of the API server's `generateName` alphabet (no
+/// vowels, no look-alikes), from `seed`.
+pub fn suffix(seed: u64, len: usize) -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let base = ALPHABET.len() as u64;
+    let mut n = seed;
+    (0..len)
+        .map(|_| {
+            let c = ALPHABET[usize::try_from(n % base).unwrap_or(0)] as char;
+            n /= base;
+            c
+        })
+        .collect()
+}
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RequestError {
     #[error("name at least one container (-c app[,sidecar])")]
@@ -68,17 +83,7 @@ impl Request {
     /// `generateName` alphabet. The tool names the CRR itself so that it can
     /// watch it before it exists and miss none of its changes.
     pub fn name(&self, seed: u64) -> String {
-        const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-        let base = ALPHABET.len() as u64;
-        let mut n = seed;
-        let suffix: String = (0..5)
-            .map(|_| {
-                let c = ALPHABET[usize::try_from(n % base).unwrap_or(0)] as char;
-                n /= base;
-                c
-            })
-            .collect();
-        format!("{}-restart-{suffix}", self.pod)
+        format!("{}-restart-{}", self.pod, suffix(seed, 5))
     }
 
     fn spec(&self) -> Result<ContainerRecreateRequestSpec, RequestError> {

@@ -46,6 +46,15 @@ pub enum Resource {
     Event,
     CoreEvent,
     Lease,
+    Deployment,
+    ReplicaSet,
+    StatefulSet,
+    DaemonSet,
+    PodDisruptionBudget,
+    /// OpenKruise's, served only after `serve_kruise_workloads`.
+    CloneSet,
+    /// OpenKruise's Advanced StatefulSet (`statefulsets.apps.kruise.io`).
+    AdvancedStatefulSet,
 }
 
 impl Resource {
@@ -59,6 +68,13 @@ impl Resource {
             ("v1", "events") => Resource::CoreEvent,
             ("events.k8s.io/v1", "events") => Resource::Event,
             ("coordination.k8s.io/v1", "leases") => Resource::Lease,
+            ("apps/v1", "deployments") => Resource::Deployment,
+            ("apps/v1", "replicasets") => Resource::ReplicaSet,
+            ("apps/v1", "statefulsets") => Resource::StatefulSet,
+            ("apps/v1", "daemonsets") => Resource::DaemonSet,
+            ("policy/v1", "poddisruptionbudgets") => Resource::PodDisruptionBudget,
+            ("apps.kruise.io/v1alpha1", "clonesets") => Resource::CloneSet,
+            ("apps.kruise.io/v1beta1", "statefulsets") => Resource::AdvancedStatefulSet,
             _ => return None,
         })
     }
@@ -69,6 +85,13 @@ impl Resource {
             Resource::Event => "events.k8s.io/v1",
             Resource::Lease => "coordination.k8s.io/v1",
             Resource::Pod | Resource::Node | Resource::CoreEvent => "v1",
+            Resource::Deployment
+            | Resource::ReplicaSet
+            | Resource::StatefulSet
+            | Resource::DaemonSet => "apps/v1",
+            Resource::PodDisruptionBudget => "policy/v1",
+            Resource::CloneSet => "apps.kruise.io/v1alpha1",
+            Resource::AdvancedStatefulSet => "apps.kruise.io/v1beta1",
         }
     }
 
@@ -79,6 +102,12 @@ impl Resource {
             Resource::Node => "Node",
             Resource::Event | Resource::CoreEvent => "Event",
             Resource::Lease => "Lease",
+            Resource::Deployment => "Deployment",
+            Resource::ReplicaSet => "ReplicaSet",
+            Resource::StatefulSet | Resource::AdvancedStatefulSet => "StatefulSet",
+            Resource::DaemonSet => "DaemonSet",
+            Resource::PodDisruptionBudget => "PodDisruptionBudget",
+            Resource::CloneSet => "CloneSet",
         }
     }
 
@@ -91,11 +120,25 @@ impl Resource {
             Resource::CoreEvent => ("", "events"),
             Resource::Event => ("events.k8s.io", "events"),
             Resource::Lease => ("coordination.k8s.io", "leases"),
+            Resource::Deployment => ("apps", "deployments"),
+            Resource::ReplicaSet => ("apps", "replicasets"),
+            Resource::StatefulSet => ("apps", "statefulsets"),
+            Resource::DaemonSet => ("apps", "daemonsets"),
+            Resource::PodDisruptionBudget => ("policy", "poddisruptionbudgets"),
+            Resource::CloneSet => ("apps.kruise.io", "clonesets"),
+            Resource::AdvancedStatefulSet => ("apps.kruise.io", "statefulsets"),
         }
     }
 
     fn has_status(self) -> bool {
-        matches!(self, Resource::Crr | Resource::Pod | Resource::Node)
+        !matches!(
+            self,
+            Resource::Event | Resource::CoreEvent | Resource::Lease
+        )
+    }
+
+    fn is_kruise_workload(self) -> bool {
+        matches!(self, Resource::CloneSet | Resource::AdvancedStatefulSet)
     }
 
     fn namespaced(self) -> bool {
@@ -355,6 +398,8 @@ struct Inner {
     delivered: Arc<Mutex<HashMap<Resource, u64>>>,
     /// Which CRR versions are served, and how they convert.
     crr_versions: Mutex<CrrVersions>,
+    /// Whether OpenKruise's CloneSet and Advanced StatefulSet are served.
+    kruise_workloads: std::sync::atomic::AtomicBool,
 }
 
 /// A watch as its request asked for it.
@@ -459,6 +504,7 @@ impl FakeApiServer {
             writes: Mutex::new(Vec::new()),
             expired: Arc::default(),
             crr_versions: Mutex::new(CrrVersions::default()),
+            kruise_workloads: std::sync::atomic::AtomicBool::new(false),
         });
         let server = Self { url, inner };
         let handle = server.clone();
@@ -527,6 +573,22 @@ impl FakeApiServer {
     /// says; set it before creating any.
     pub fn set_crr_versions(&self, versions: CrrVersions) {
         *lock(&self.inner.crr_versions) = versions;
+    }
+
+    /// From now on, OpenKruise's CloneSet and Advanced StatefulSet are
+    /// served (their CRDs installed); until then they are not found.
+    pub fn serve_kruise_workloads(&self) {
+        self.inner
+            .kruise_workloads
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn serves(&self, resource: Resource) -> bool {
+        !resource.is_kruise_workload()
+            || self
+                .inner
+                .kruise_workloads
+                .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub fn crr_versions(&self) -> CrrVersions {
@@ -1028,6 +1090,13 @@ impl FakeApiServer {
             // A no-op write does not bump the resourceVersion.
             return Ok(current);
         }
+        // metadata.generation counts changes of the spec (the API server's
+        // strategies bump it; a status write or a metadata change does not).
+        next["metadata"]["generation"] = current["metadata"]["generation"].clone();
+        if !status && next.get("spec") != current.get("spec") {
+            let generation = current["metadata"]["generation"].as_i64().unwrap_or(1);
+            next["metadata"]["generation"] = json!(generation + 1);
+        }
         if !status {
             for hook in &hooks {
                 hook(
@@ -1342,13 +1411,15 @@ impl FakeApiServer {
                 ));
             }
         };
-        let resource = Resource::from_path(&group_version, plural).ok_or_else(|| {
-            ApiError::new(
-                404,
-                "NotFound",
-                "the server could not find the requested resource",
-            )
-        })?;
+        let resource = Resource::from_path(&group_version, plural)
+            .filter(|r| self.serves(*r))
+            .ok_or_else(|| {
+                ApiError::new(
+                    404,
+                    "NotFound",
+                    "the server could not find the requested resource",
+                )
+            })?;
         // CRRs are seen through the version the request names.
         let view = if resource == Resource::Crr {
             let version = group_version.rsplit('/').next().unwrap_or_default();
@@ -1568,11 +1639,21 @@ impl FakeApiServer {
     ) -> Result<Response<BoxBody<Bytes, Infallible>>, ApiError> {
         let group_version = format!("{group}/{version}");
         let mut resources = Vec::new();
-        for resource in [Resource::Crr, Resource::Event] {
+        for resource in [
+            Resource::Crr,
+            Resource::Event,
+            Resource::Deployment,
+            Resource::ReplicaSet,
+            Resource::StatefulSet,
+            Resource::DaemonSet,
+            Resource::PodDisruptionBudget,
+            Resource::CloneSet,
+            Resource::AdvancedStatefulSet,
+        ] {
             let (g, plural) = resource.group_resource();
             let served = match resource {
                 Resource::Crr => g == group && self.crr_versions().served().contains(&version),
-                _ => resource.api_version() == group_version,
+                _ => resource.api_version() == group_version && self.serves(resource),
             };
             if served {
                 resources.push(json!({"name": plural, "singularName": "", "namespaced": true,

@@ -120,6 +120,8 @@ pub struct PodSpec {
     /// Has the `KruisePodReady` readiness gate (as Kruise workloads' Pods do).
     pub readiness_gate: bool,
     pub restart_policy: RestartPolicy,
+    /// More metadata for the Pod object (labels, ownerReferences), merged in.
+    pub metadata: Value,
 }
 
 impl PodSpec {
@@ -130,6 +132,7 @@ impl PodSpec {
             termination_grace_period: 30,
             readiness_gate: true,
             restart_policy: RestartPolicy::Always,
+            metadata: json!({}),
         }
     }
 }
@@ -257,12 +260,14 @@ impl Kubelet {
         if spec.readiness_gate {
             pod_spec["readinessGates"] = json!([{"conditionType": KRUISE_POD_READY}]);
         }
+        let mut metadata = spec.metadata.clone();
+        metadata["name"] = json!(spec.name);
         let pod = self
             .api
             .create(
                 Resource::Pod,
                 NAMESPACE,
-                json!({"metadata": {"name": spec.name}, "spec": pod_spec}),
+                json!({"metadata": metadata, "spec": pod_spec}),
             )
             .expect("create Pod");
         let uid = pod["metadata"]["uid"]

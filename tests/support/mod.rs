@@ -13,6 +13,7 @@ pub mod raw;
 pub mod roles;
 pub mod upstream;
 pub mod versions;
+pub mod workloads;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,0 +1,960 @@
+//! `restart deployment/web -c app`: the Pods the workload owns, restarted
+//! in waves. A wave starts only when the one before has completed (every
+//! CRR, and its Pods Ready again with the containers restarted), and is as
+//! big as `--max-unavailable` and every PodDisruptionBudget over those Pods
+//! allow (`waves::next_wave`). Each CRR carries the run's id, so that the
+//! same command with `--run-id` resumes: Pods the run restarted are skipped,
+//! and its CRRs still under way are followed rather than made again.
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use k8s_openapi::api::apps::v1::ReplicaSet;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::ResourceExt;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+
+use super::follow::{Outcome, Tracker, last_seen};
+use super::request::{self, CREATED_BY, TOOL};
+use super::target::Kind;
+use super::waves::{Budget, Next, Progress, next_wave};
+use super::{Change, Changes, DryRun, Ended, Options, Output, Place, RestartError, print, seed};
+use crate::crr::{ContainerRecreateRequest, Phase};
+
+/// The run a CRR belongs to.
+pub const RUN: &str = "crr-proxy.io/run";
+/// The UID of the workload whose Pod the CRR restarts.
+pub const WORKLOAD_UID: &str = "crr-proxy.io/workload-uid";
+
+/// The workload, as found.
+struct Workload {
+    kind: Kind,
+    name: String,
+    uid: String,
+    /// Its label selector, as a query.
+    selector: String,
+    /// The UIDs a Pod's controller reference may name: the workload's, and
+    /// a Deployment's ReplicaSets'.
+    owners: HashSet<String>,
+}
+
+pub async fn run(
+    options: &Options,
+    at: &Place,
+    kind: Kind,
+    name: &str,
+    out: &mut (dyn Write + Send),
+    progress: &mut (dyn Write + Send),
+) -> Result<Ended, RestartError> {
+    if !options.wait {
+        return Err(RestartError::Usage(
+            "a workload is restarted in waves, each waiting for the one before: --no-wait applies to one Pod only",
+        ));
+    }
+    let workload = find(at, kind, name).await?;
+    let run = options
+        .waves
+        .run_id
+        .clone()
+        .unwrap_or_else(|| request::suffix(seed(), 8));
+    let mut changes = Changes::new();
+    let in_namespace = || watcher::Config::default();
+    changes.add(
+        at.crrs
+            .watch_in(
+                &at.namespace,
+                in_namespace().labels(&format!("{RUN}={run}")),
+            )
+            .boxed(),
+        |e| Change::Crr(Box::new(e)),
+    );
+    changes.add(
+        watcher(
+            Api::<Pod>::namespaced(at.client.clone(), &at.namespace),
+            in_namespace().labels(&workload.selector),
+        )
+        .boxed(),
+        |e| Change::Pod(Box::new(e)),
+    );
+    changes.add(
+        watcher(
+            Api::<PodDisruptionBudget>::namespaced(at.client.clone(), &at.namespace),
+            in_namespace(),
+        )
+        .boxed(),
+        |e| Change::Budget(Box::new(e)),
+    );
+    changes.add(
+        watcher(
+            Api::<Event>::namespaced(at.client.clone(), &at.namespace),
+            in_namespace().fields("regarding.kind=Pod"),
+        )
+        .boxed(),
+        |e| Change::Event(Box::new(e)),
+    );
+    let mut seen = Seen::default();
+    // Every watch has listed: what the channel holds now is the cluster.
+    changes.listed().await?;
+    while let Ok(change) = changes.rx.try_recv() {
+        seen.apply(change);
+    }
+    for crr in seen.crrs.items.values() {
+        if crr.labels().get(WORKLOAD_UID) != Some(&workload.uid) {
+            return Err(RestartError::OtherRun {
+                run,
+                target: format!("{kind}/{name}"),
+            });
+        }
+    }
+    let mut walk = Walk::plan(options, at, &workload, &run, &seen)?;
+    if options.dry_run != DryRun::None {
+        return walk.dry_run(at, out, progress).await;
+    }
+    walk.say(progress, &walk.opening())?;
+    let interrupted = tokio::signal::ctrl_c();
+    tokio::pin!(interrupted);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        walk.step(at, &seen, progress).await?;
+        if let Some(ended) = walk.ended(progress)? {
+            if let Some(output) = options.output {
+                let items: Vec<Value> = seen
+                    .crrs
+                    .items
+                    .values()
+                    .map(serde_json::to_value)
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| RestartError::Render(Box::new(e)))?;
+                print(
+                    out,
+                    output,
+                    &json!({"apiVersion": "v1", "kind": "List", "items": items}),
+                )?;
+            }
+            return Ok(ended);
+        }
+        tokio::select! {
+            change = changes.rx.recv() => match change {
+                Some(change) => seen.apply(change),
+                None => return Err(RestartError::Unwatchable),
+            },
+            _ = tick.tick() => walk.refresh(progress)?,
+            _ = &mut interrupted => {
+                let flying = walk.in_flight();
+                walk.say(progress, &format!(
+                    "stopped following; {flying} restart(s) under way go on. Resume: the same command with --run-id {run}"
+                ))?;
+                return Ok(Ended::Interrupted);
+            }
+        }
+    }
+}
+
+/// The workload named, its selector and who may own its Pods.
+async fn find(at: &Place, kind: Kind, name: &str) -> Result<Workload, RestartError> {
+    let resource = kind.resource();
+    let gvk = GroupVersionKind::gvk(resource.group, resource.version, resource.kind);
+    if kind.optional() {
+        let served = at
+            .client
+            .list_api_group_resources(&format!("{}/{}", resource.group, resource.version))
+            .await
+            .map(|list| list.resources.iter().any(|r| r.name == resource.plural))
+            .unwrap_or(false);
+        if !served {
+            return Err(RestartError::NotServed(kind));
+        }
+    }
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        at.client.clone(),
+        &at.namespace,
+        &ApiResource::from_gvk_with_plural(&gvk, resource.plural),
+    );
+    let object = api
+        .get_opt(name)
+        .await?
+        .ok_or_else(|| RestartError::NoWorkload {
+            kind,
+            name: name.to_owned(),
+            namespace: at.namespace.clone(),
+        })?;
+    let uid = object.uid().unwrap_or_default();
+    let selector: LabelSelector = object
+        .data
+        .pointer("/spec/selector")
+        .cloned()
+        .and_then(|s| serde_json::from_value(s).ok())
+        .unwrap_or_default();
+    let selector = selector_query(&selector);
+    let mut owners = HashSet::from([uid.clone()]);
+    if kind.owns_through_replica_sets() {
+        let sets: Api<ReplicaSet> = Api::namespaced(at.client.clone(), &at.namespace);
+        for set in sets.list(&ListParams::default().labels(&selector)).await? {
+            if controller(set.owner_references()) == Some(uid.as_str()) {
+                owners.extend(set.uid());
+            }
+        }
+    }
+    Ok(Workload {
+        kind,
+        name: name.to_owned(),
+        uid,
+        selector,
+        owners,
+    })
+}
+
+/// A LabelSelector as `?labelSelector=` spells it.
+fn selector_query(selector: &LabelSelector) -> String {
+    let mut parts: Vec<String> = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    for expression in selector.match_expressions.iter().flatten() {
+        let values = expression.values.clone().unwrap_or_default().join(",");
+        let key = &expression.key;
+        parts.push(match expression.operator.as_str() {
+            "In" => format!("{key} in ({values})"),
+            "NotIn" => format!("{key} notin ({values})"),
+            "Exists" => key.clone(),
+            _ => format!("!{key}"),
+        });
+    }
+    parts.join(",")
+}
+
+/// The UID the controller reference names.
+fn controller(
+    references: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference],
+) -> Option<&str> {
+    references
+        .iter()
+        .find(|r| r.controller == Some(true))
+        .map(|r| r.uid.as_str())
+}
+
+/// The objects one watch has shown, as they are now. A relist (after a
+/// watch expired) replaces them once it is complete.
+struct Mirror<K> {
+    items: BTreeMap<String, K>,
+    relisting: Option<BTreeMap<String, K>>,
+}
+
+impl<K> Default for Mirror<K> {
+    fn default() -> Self {
+        Self {
+            items: BTreeMap::new(),
+            relisting: None,
+        }
+    }
+}
+
+impl<K: kube::Resource> Mirror<K> {
+    fn apply(&mut self, event: watcher::Event<K>) {
+        match event {
+            watcher::Event::Init => self.relisting = Some(BTreeMap::new()),
+            watcher::Event::InitApply(object) => {
+                let items = self.relisting.as_mut().unwrap_or(&mut self.items);
+                items.insert(object.name_any(), object);
+            }
+            watcher::Event::InitDone => {
+                if let Some(items) = self.relisting.take() {
+                    self.items = items;
+                }
+            }
+            watcher::Event::Apply(object) => {
+                self.items.insert(object.name_any(), object);
+            }
+            watcher::Event::Delete(object) => {
+                self.items.remove(&object.name_any());
+            }
+        }
+    }
+}
+
+/// The cluster as the watches show it.
+#[derive(Default)]
+struct Seen {
+    crrs: Mirror<ContainerRecreateRequest>,
+    pods: Mirror<Pod>,
+    budgets: Mirror<PodDisruptionBudget>,
+    events: Mirror<Event>,
+}
+
+impl Seen {
+    fn apply(&mut self, change: Change) {
+        match change {
+            Change::Crr(e) => self.crrs.apply(*e),
+            Change::Pod(e) => self.pods.apply(*e),
+            Change::Budget(e) => self.budgets.apply(*e),
+            Change::Event(e) => self.events.apply(*e),
+        }
+    }
+
+    /// The Pod's Events since `since` (Unix seconds).
+    fn events_of(&self, pod: &str, since: Option<i64>) -> Vec<Event> {
+        self.events
+            .items
+            .values()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pod))
+            .filter(|e| {
+                last_seen(e)
+                    .zip(since)
+                    .is_some_and(|(at, since)| at >= since)
+            })
+            .cloned()
+            .collect()
+    }
+}
+
+fn ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn restarts(pod: &Pod) -> BTreeMap<String, i32> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|c| (c.name.clone(), c.restart_count))
+        .collect()
+}
+
+fn active(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_none()
+        && !matches!(
+            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        )
+}
+
+/// A Pod's restart under way.
+struct Flight {
+    crr: String,
+    tracker: Tracker,
+    /// The containers' restart counts before, when this run created it.
+    before: Option<BTreeMap<String, i32>>,
+    since: Option<i64>,
+    started: Instant,
+    /// Whether the watch has shown the CRR yet.
+    seen: bool,
+}
+
+enum Step {
+    Left,
+    Flying(Box<Flight>),
+    Restarted,
+    Skipped(&'static str),
+    Failed(String),
+}
+
+/// One run through a workload.
+struct Walk<'o> {
+    options: &'o Options,
+    run: String,
+    target: String,
+    owners: HashSet<String>,
+    workload_uid: String,
+    api_version: String,
+    /// The Pods, in the order they are restarted, and where each stands.
+    pods: Vec<(String, Step)>,
+    max: usize,
+    started: Instant,
+    wave_started: Instant,
+    progress: Progress,
+    /// The last waiting message said (said once, until it changes).
+    waiting: Option<String>,
+    /// What the live status line shows now.
+    status: Option<String>,
+    stop: bool,
+}
+
+impl<'o> Walk<'o> {
+    /// The Pods the workload owns now, each checked before anything is
+    /// created, and where this run (when resumed) left each.
+    fn plan(
+        options: &'o Options,
+        at: &Place,
+        workload: &Workload,
+        run: &str,
+        seen: &Seen,
+    ) -> Result<Self, RestartError> {
+        let target = format!("{}/{}", workload.kind, workload.name);
+        let mut names: Vec<&Pod> = seen
+            .pods
+            .items
+            .values()
+            .filter(|p| {
+                controller(p.owner_references()).is_some_and(|o| workload.owners.contains(o))
+            })
+            .filter(|p| active(p))
+            .collect();
+        // web-2 before web-10.
+        names.sort_by_key(|p| {
+            let name = p.name_any();
+            (name.len(), name)
+        });
+        if names.is_empty() {
+            return Err(RestartError::NoPods {
+                kind: workload.kind,
+                name: workload.name.clone(),
+            });
+        }
+        let api_version = at.crrs.version().api_resource().api_version;
+        let mut pods = Vec::new();
+        for pod in names {
+            let name = pod.name_any();
+            let mut request = options.request.clone();
+            request.pod = name.clone();
+            // Bad input (a container the Pods do not have) ends the run
+            // before anything is created.
+            request.crr(pod, &api_version, "check")?;
+            let step = resumed(seen, &name);
+            pods.push((name, step));
+        }
+        let total = pods.len();
+        let done = pods
+            .iter()
+            .filter(|(_, s)| matches!(s, Step::Skipped(_)))
+            .count();
+        let now = Instant::now();
+        Ok(Self {
+            options,
+            run: run.to_owned(),
+            target,
+            owners: workload.owners.clone(),
+            workload_uid: workload.uid.clone(),
+            api_version,
+            max: options.waves.max_unavailable.of(total),
+            pods,
+            started: now,
+            wave_started: now,
+            progress: Progress {
+                total,
+                done,
+                ..Progress::default()
+            },
+            waiting: None,
+            status: None,
+            stop: false,
+        })
+    }
+
+    fn opening(&self) -> String {
+        let containers = self.options.request.containers.join(",");
+        let skipped = self.progress.done;
+        let mut line = format!(
+            "run {}: restarting {containers} in {} Pods of {}, at most {} at a time",
+            self.run, self.progress.total, self.target, self.max
+        );
+        if skipped > 0 {
+            line.push_str(&format!(" ({skipped} restarted by this run already)"));
+        }
+        line
+    }
+
+    fn in_flight(&self) -> usize {
+        self.pods
+            .iter()
+            .filter(|(_, s)| matches!(s, Step::Flying(_)))
+            .count()
+    }
+
+    /// Moves the restarts under way on, and starts the next wave when the
+    /// last one is over.
+    async fn step(
+        &mut self,
+        at: &Place,
+        seen: &Seen,
+        out: &mut (dyn Write + Send),
+    ) -> Result<(), RestartError> {
+        let mut lines = Vec::new();
+        let mut finished = 0;
+        for (name, step) in &mut self.pods {
+            let Step::Flying(flight) = step else {
+                continue;
+            };
+            let Some(next) = land(name, flight, seen) else {
+                continue;
+            };
+            finished += 1;
+            let took = flight.started.elapsed().as_secs_f64();
+            match &next {
+                Step::Restarted => {
+                    let summary: Vec<String> = flight
+                        .tracker
+                        .summary()
+                        .into_iter()
+                        .filter(|l| !l.starts_with("steps: "))
+                        .collect();
+                    lines.push(format!(
+                        "{name}: restarted in {took:.1}s: {}",
+                        summary.join("; ")
+                    ));
+                }
+                Step::Failed(why) => lines.push(format!("{name}: FAILED after {took:.1}s: {why}")),
+                Step::Skipped(why) => lines.push(format!("{name}: skipped, {why}")),
+                _ => {}
+            }
+            *step = next;
+        }
+        if finished > 0 {
+            self.count();
+        }
+        for line in lines {
+            self.say(out, &line)?;
+        }
+        if self.in_flight() > 0 || self.stop {
+            return Ok(());
+        }
+        if self.progress.wave > 0 && finished > 0 {
+            self.progress.waves.push(self.wave_started.elapsed());
+        }
+        if self.progress.failed > 0 && !self.options.waves.continue_on_failure {
+            self.stop = true;
+            return Ok(());
+        }
+        // Pods gone since the plan have nothing to restart.
+        for (name, step) in &mut self.pods {
+            if matches!(step, Step::Left) && !seen.pods.items.get(name).is_some_and(active) {
+                *step = Step::Skipped("the Pod is gone");
+            }
+        }
+        self.count();
+        let left: Vec<usize> = (0..self.pods.len())
+            .filter(|&i| matches!(self.pods[i].1, Step::Left))
+            .collect();
+        if left.is_empty() {
+            return Ok(());
+        }
+        let owned: Vec<&Pod> = seen
+            .pods
+            .items
+            .values()
+            .filter(|p| controller(p.owner_references()).is_some_and(|o| self.owners.contains(o)))
+            .collect();
+        let unready = owned.iter().filter(|p| !ready(p)).count();
+        let budgets = budgets_over(seen, &owned);
+        let size = match next_wave(self.max, unready, &budgets, left.len()) {
+            Next::Wave(size) => size,
+            Next::Wait(why) => {
+                if self.waiting.as_ref() != Some(&why) {
+                    self.say(out, &why)?;
+                    self.waiting = Some(why);
+                }
+                return Ok(());
+            }
+        };
+        self.waiting = None;
+        self.progress.wave += 1;
+        self.progress.wave_size = size;
+        self.wave_started = Instant::now();
+        let wave: Vec<usize> = left.into_iter().take(size).collect();
+        let names: Vec<&str> = wave.iter().map(|&i| self.pods[i].0.as_str()).collect();
+        let line = format!("wave {}: {}", self.progress.wave, names.join(", "));
+        self.say(out, &line)?;
+        for i in wave {
+            let name = self.pods[i].0.clone();
+            let step = match self.launch(at, seen, &name).await {
+                Ok(flight) => Step::Flying(Box::new(flight)),
+                Err(why) => {
+                    self.say(out, &format!("{name}: FAILED: {why}"))?;
+                    Step::Failed(why)
+                }
+            };
+            self.pods[i].1 = step;
+        }
+        self.count();
+        Ok(())
+    }
+
+    /// Creates the CRR for `pod`, labelled with the run.
+    async fn launch(&self, at: &Place, seen: &Seen, pod: &str) -> Result<Flight, String> {
+        let Some(object) = seen.pods.items.get(pod) else {
+            return Err("the Pod is gone".into());
+        };
+        let body = self.body(object, pod).map_err(|e| e.to_string())?;
+        let created = at
+            .crrs
+            .create(&at.namespace, &body, false)
+            .await
+            .map_err(|e| match e {
+                kube::Error::Api(status) => status.message,
+                other => other.to_string(),
+            })?;
+        Ok(Flight {
+            crr: created.name_any(),
+            tracker: Tracker::default(),
+            before: Some(restarts(object)),
+            since: created.creation_timestamp().map(|t| t.0.as_second()),
+            started: Instant::now(),
+            seen: false,
+        })
+    }
+
+    fn body(&self, pod: &Pod, name: &str) -> Result<Value, RestartError> {
+        let mut request = self.options.request.clone();
+        request.pod = name.to_owned();
+        let crr_name = request.name(seed());
+        let mut body = request.crr(pod, &self.api_version, &crr_name)?;
+        body["metadata"]["labels"] = json!({
+            CREATED_BY: TOOL, RUN: self.run, WORKLOAD_UID: self.workload_uid,
+        });
+        Ok(body)
+    }
+
+    /// Counts where the Pods stand.
+    fn count(&mut self) {
+        self.progress.done = self
+            .pods
+            .iter()
+            .filter(|(_, s)| !matches!(s, Step::Left | Step::Flying(_)))
+            .count();
+        self.progress.failed = self
+            .pods
+            .iter()
+            .filter(|(_, s)| matches!(s, Step::Failed(_)))
+            .count();
+    }
+
+    /// How the run ended, once it has.
+    fn ended(&mut self, out: &mut (dyn Write + Send)) -> Result<Option<Ended>, RestartError> {
+        let over = self.in_flight() == 0
+            && (self.stop || self.pods.iter().all(|(_, s)| !matches!(s, Step::Left)));
+        if !over {
+            return Ok(None);
+        }
+        let took = self.started.elapsed().as_secs_f64();
+        let restarted = self
+            .pods
+            .iter()
+            .filter(|(_, s)| matches!(s, Step::Restarted))
+            .count();
+        let skipped = self
+            .pods
+            .iter()
+            .filter(|(_, s)| matches!(s, Step::Skipped(_)))
+            .count();
+        let left = self
+            .pods
+            .iter()
+            .filter(|(_, s)| matches!(s, Step::Left))
+            .count();
+        let failed: Vec<String> = self
+            .pods
+            .iter()
+            .filter_map(|(n, s)| match s {
+                Step::Failed(why) => Some(format!("{n}: {why}")),
+                _ => None,
+            })
+            .collect();
+        let mut line = format!(
+            "{}: {restarted} restarted, {skipped} skipped, {} failed",
+            self.target,
+            failed.len()
+        );
+        if left > 0 {
+            line.push_str(&format!(", {left} not restarted"));
+        }
+        line.push_str(&format!(" in {took:.1}s (run {})", self.run));
+        self.say(out, &line)?;
+        if failed.is_empty() {
+            return Ok(Some(Ended::Done));
+        }
+        if left > 0 {
+            self.say(
+                out,
+                &format!(
+                    "stopped at the first failed restart. Resume: the same command with --run-id {} (or --continue-on-failure)",
+                    self.run
+                ),
+            )?;
+        }
+        Ok(Some(Ended::Failed(failed.join("; "))))
+    }
+
+    /// Prints `line` above the live status line (or as a plain line), and
+    /// the status after it.
+    fn say(&mut self, out: &mut (dyn Write + Send), line: &str) -> Result<(), RestartError> {
+        let write = |out: &mut (dyn Write + Send), text: &str| {
+            out.write_all(text.as_bytes())
+                .and_then(|()| out.flush())
+                .map_err(RestartError::Output)
+        };
+        if self.options.live {
+            write(out, &format!("\r\x1b[2K{line}\n"))?;
+            self.status = None;
+            self.refresh(out)
+        } else {
+            write(out, &format!("{line}\n"))?;
+            let status = self.progress.line(self.started.elapsed());
+            let shown = self
+                .status
+                .as_deref()
+                .map(|s| s.split(", ").take(2).collect::<Vec<_>>());
+            let now: Vec<&str> = status.split(", ").take(2).collect();
+            // Plain lines: the progress when Pods or the wave moved on.
+            if shown.as_ref() != Some(&now) && self.progress.wave > 0 {
+                write(out, &format!("progress: {status}\n"))?;
+                self.status = Some(status);
+            }
+            Ok(())
+        }
+    }
+
+    /// Redraws the live status line (the elapsed time moves on).
+    fn refresh(&mut self, out: &mut (dyn Write + Send)) -> Result<(), RestartError> {
+        if !self.options.live {
+            return Ok(());
+        }
+        let status = self.progress.line(self.started.elapsed());
+        out.write_all(format!("\r\x1b[2K{status}").as_bytes())
+            .and_then(|()| out.flush())
+            .map_err(RestartError::Output)?;
+        self.status = Some(status);
+        Ok(())
+    }
+
+    /// `--dry-run`: the CRRs the run would create, judged by the client or
+    /// by the API server; nothing is stored.
+    async fn dry_run(
+        &self,
+        at: &Place,
+        out: &mut (dyn Write + Send),
+        progress: &mut (dyn Write + Send),
+    ) -> Result<Ended, RestartError> {
+        let mut items = Vec::new();
+        for (name, step) in &self.pods {
+            if !matches!(step, Step::Left) {
+                continue;
+            }
+            let Some(pod) = self.pod_of(at, name).await? else {
+                continue;
+            };
+            let mut body = self.body(&pod, name)?;
+            body["metadata"]["namespace"] = json!(at.namespace);
+            if self.options.dry_run == DryRun::Server {
+                let created = at.crrs.create(&at.namespace, &body, true).await?;
+                writeln!(
+                    progress,
+                    "containerrecreaterequest/{} created in {} (server dry run)",
+                    created.name_any(),
+                    at.namespace
+                )
+                .map_err(RestartError::Output)?;
+            }
+            items.push(body);
+        }
+        let (verb, how) = match self.options.dry_run {
+            DryRun::Server => ("would be created", "server dry run"),
+            _ => ("would be created", "client dry run"),
+        };
+        writeln!(
+            progress,
+            "{} containerrecreaterequests {verb} in {} for {}, in waves of at most {} ({how})",
+            items.len(),
+            at.namespace,
+            self.target,
+            self.max
+        )
+        .map_err(RestartError::Output)?;
+        if self.options.dry_run == DryRun::Client || self.options.output.is_some() {
+            let output = self.options.output.unwrap_or(Output::Yaml);
+            print(
+                out,
+                output,
+                &json!({"apiVersion": "v1", "kind": "List", "items": items}),
+            )?;
+        }
+        Ok(Ended::Done)
+    }
+
+    async fn pod_of(&self, at: &Place, name: &str) -> Result<Option<Pod>, RestartError> {
+        Ok(Api::<Pod>::namespaced(at.client.clone(), &at.namespace)
+            .get_opt(name)
+            .await?)
+    }
+}
+
+/// Where a resumed run left `pod`: restarted (skip it), under way (follow
+/// it), or not yet or failed (restart it).
+fn resumed(seen: &Seen, pod: &str) -> Step {
+    let last = seen
+        .crrs
+        .items
+        .values()
+        .filter(|c| c.spec.pod_name == pod)
+        .max_by_key(|c| c.creation_timestamp().map(|t| t.0));
+    let Some(crr) = last else {
+        return Step::Left;
+    };
+    let status = crr.status.as_ref();
+    let completed = status.is_some_and(|s| s.phase == Phase::Completed);
+    if !completed {
+        return Step::Flying(Box::new(Flight {
+            crr: crr.name_any(),
+            tracker: Tracker::default(),
+            before: None,
+            since: crr.creation_timestamp().map(|t| t.0.as_second()),
+            started: Instant::now(),
+            seen: true,
+        }));
+    }
+    // Judged as when followed: with the Pod's Events (a failed preStop
+    // hook is a failed restart, to be tried again).
+    let mut tracker = Tracker::default();
+    let since = crr.creation_timestamp().map(|t| t.0.as_second());
+    tracker.observe(
+        Duration::ZERO,
+        crr,
+        seen.pods.items.get(pod),
+        &seen.events_of(pod, since),
+    );
+    match tracker.outcome(crr) {
+        Some(Outcome::Succeeded) => Step::Skipped("restarted by this run already"),
+        _ => Step::Left,
+    }
+}
+
+/// Where `flight` stands now: `None` while under way.
+fn land(pod: &str, flight: &mut Flight, seen: &Seen) -> Option<Step> {
+    let Some(crr) = seen.crrs.items.get(&flight.crr) else {
+        return flight.seen.then(|| {
+            Step::Failed(format!(
+                "containerrecreaterequest {} was deleted",
+                flight.crr
+            ))
+        });
+    };
+    flight.seen = true;
+    let object = seen.pods.items.get(pod);
+    let events = seen.events_of(pod, flight.since);
+    flight
+        .tracker
+        .observe(flight.started.elapsed(), crr, object, &events);
+    match flight.tracker.outcome(crr)? {
+        Outcome::Failed(why) => Some(Step::Failed(why)),
+        Outcome::Succeeded => {
+            let Some(object) = object else {
+                return Some(Step::Skipped("the Pod is gone"));
+            };
+            // Ready again, and Ready as the restarted containers: a Ready
+            // read from before the kill does not count.
+            let now = restarts(object);
+            let restarted = flight.before.as_ref().is_none_or(|before| {
+                crr.status
+                    .iter()
+                    .flat_map(|s| &s.container_recreate_states)
+                    .all(|state| {
+                        state.phase != Phase::Succeeded
+                            || now.get(&state.name) > before.get(&state.name)
+                    })
+            });
+            (ready(object) && restarted).then_some(Step::Restarted)
+        }
+    }
+}
+
+/// The budgets that select any of `pods`.
+fn budgets_over(seen: &Seen, pods: &[&Pod]) -> Vec<Budget> {
+    seen.budgets
+        .items
+        .values()
+        .filter(|b| {
+            let selector = b.spec.as_ref().and_then(|s| s.selector.as_ref());
+            pods.iter()
+                .any(|p| selector.is_some_and(|s| selects(s, p.labels())))
+        })
+        .map(|b| {
+            let status = b.status.as_ref();
+            let current = status
+                .and_then(|s| s.observed_generation)
+                .zip(b.metadata.generation)
+                .is_some_and(|(seen, generation)| seen >= generation);
+            Budget {
+                name: b.name_any(),
+                allowed: status.filter(|_| current).map(|s| s.disruptions_allowed),
+            }
+        })
+        .collect()
+}
+
+/// Whether `selector` selects `labels` (an empty selector selects all, as
+/// a PDB's does in policy/v1).
+fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    let labels_match = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let expressions_match = selector.match_expressions.iter().flatten().all(|e| {
+        let values = e.values.clone().unwrap_or_default();
+        let value = labels.get(&e.key);
+        match e.operator.as_str() {
+            "In" => value.is_some_and(|v| values.contains(v)),
+            "NotIn" => value.is_none_or(|v| !values.contains(v)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            _ => false,
+        }
+    });
+    labels_match && expressions_match
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+
+    #[test]
+    fn selectors_become_queries_and_match_as_the_api_server_matches() {
+        let selector = LabelSelector {
+            match_labels: Some(BTreeMap::from([("app".into(), "web".into())])),
+            match_expressions: Some(vec![
+                LabelSelectorRequirement {
+                    key: "tier".into(),
+                    operator: "In".into(),
+                    values: Some(vec!["a".into(), "b".into()]),
+                },
+                LabelSelectorRequirement {
+                    key: "canary".into(),
+                    operator: "DoesNotExist".into(),
+                    values: None,
+                },
+            ]),
+        };
+        assert_eq!(selector_query(&selector), "app=web,tier in (a,b),!canary");
+        let labels = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>()
+        };
+        assert!(selects(
+            &selector,
+            &labels(&[("app", "web"), ("tier", "a")])
+        ));
+        assert!(!selects(
+            &selector,
+            &labels(&[("app", "web"), ("tier", "c")])
+        ));
+        assert!(!selects(
+            &selector,
+            &labels(&[("app", "web"), ("tier", "a"), ("canary", "1")])
+        ));
+        assert!(selects(&LabelSelector::default(), &labels(&[])));
+    }
+}

@@ -1,0 +1,192 @@
+//! Workloads as their controllers leave them in the API server (the object,
+//! a Deployment's ReplicaSet, Pods with controller ownerReferences, run by
+//! the kubelet role), and the disruption controller, which keeps each
+//! PodDisruptionBudget's status as kube-controller-manager's does.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+
+use super::apiserver::{FakeApiServer, Resource, Selector};
+use super::kubelet::{Kubelet, PodSpec};
+use super::roles::{NAMESPACE, condition};
+
+/// A workload and the Pods its controller made.
+pub struct Workload {
+    pub uid: String,
+    pub pods: Vec<String>,
+}
+
+fn owner(kind: &str, api_version: &str, name: &str, uid: &str) -> Value {
+    json!([{"apiVersion": api_version, "kind": kind, "name": name, "uid": uid,
+            "controller": true, "blockOwnerDeletion": true}])
+}
+
+/// Creates the workload object of `resource` named `name` with `replicas`
+/// Pods labelled `app: name`; `pod` gives each Pod's spec by name. A
+/// Deployment owns a ReplicaSet that owns the Pods, as its controller
+/// leaves them.
+pub async fn create(
+    api: &FakeApiServer,
+    kubelet: &Kubelet,
+    resource: Resource,
+    name: &str,
+    replicas: usize,
+    pod: impl Fn(&str) -> PodSpec,
+) -> Workload {
+    let selector = json!({"matchLabels": {"app": name}});
+    let kind = api_kind(resource);
+    let object = api
+        .create(
+            resource,
+            NAMESPACE,
+            json!({"apiVersion": kind.1, "metadata": {"name": name},
+                   "spec": {"replicas": replicas, "selector": selector,
+                            "template": {"metadata": {"labels": {"app": name}}}}}),
+        )
+        .expect("create the workload");
+    let uid = object["metadata"]["uid"].as_str().unwrap().to_owned();
+    let (owner, prefix) = if resource == Resource::Deployment {
+        let rs_name = format!("{name}-7d4b9c");
+        let rs = api
+            .create(
+                Resource::ReplicaSet,
+                NAMESPACE,
+                json!({"metadata": {"name": rs_name, "ownerReferences": owner(kind.0, kind.1, name, &uid),
+                                    "labels": {"app": name, "pod-template-hash": "7d4b9c"}},
+                       "spec": {"replicas": replicas,
+                                "selector": {"matchLabels": {"app": name, "pod-template-hash": "7d4b9c"}}}}),
+            )
+            .expect("create the ReplicaSet");
+        let rs_uid = rs["metadata"]["uid"].as_str().unwrap().to_owned();
+        (owner("ReplicaSet", "apps/v1", &rs_name, &rs_uid), rs_name)
+    } else {
+        (owner(kind.0, kind.1, name, &uid), name.to_owned())
+    };
+    let mut pods = Vec::new();
+    for i in 0..replicas {
+        // StatefulSets name Pods by ordinal; the others by a random suffix.
+        let pod_name = match resource {
+            Resource::StatefulSet | Resource::AdvancedStatefulSet => format!("{prefix}-{i}"),
+            _ => format!(
+                "{prefix}-{}",
+                [
+                    "bx7k2", "c9q4m", "dz5wp", "fh2ls", "gk8rt", "jn3vd", "kq6xb", "lr4zc"
+                ][i % 8]
+            ),
+        };
+        let mut spec = pod(&pod_name);
+        spec.metadata = json!({"labels": {"app": name}, "ownerReferences": owner.clone()});
+        kubelet.run_pod(spec).await;
+        pods.push(pod_name);
+    }
+    Workload { uid, pods }
+}
+
+fn api_kind(resource: Resource) -> (&'static str, &'static str) {
+    match resource {
+        Resource::Deployment => ("Deployment", "apps/v1"),
+        Resource::ReplicaSet => ("ReplicaSet", "apps/v1"),
+        Resource::StatefulSet => ("StatefulSet", "apps/v1"),
+        Resource::DaemonSet => ("DaemonSet", "apps/v1"),
+        Resource::CloneSet => ("CloneSet", "apps.kruise.io/v1alpha1"),
+        Resource::AdvancedStatefulSet => ("StatefulSet", "apps.kruise.io/v1beta1"),
+        other => panic!("{other:?} is not a workload"),
+    }
+}
+
+/// kube-controller-manager's disruption controller, for every PDB: the
+/// Pods it selects, how many are healthy (Ready, not being deleted), how
+/// many must be, and so `disruptionsAllowed`, written to the status with
+/// the generation it saw. Like the real one it trails the Pods: it looks
+/// every `LAG`. (The real one counts the expected Pods from the owning
+/// controller's scale; here, the Pods selected, which is the same while
+/// none is missing.)
+pub struct DisruptionController {
+    task: JoinHandle<()>,
+}
+
+pub const LAG: Duration = Duration::from_millis(250);
+
+impl Drop for DisruptionController {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl DisruptionController {
+    pub fn start(api: &FakeApiServer) -> Self {
+        let api = api.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                for pdb in api.list(Resource::PodDisruptionBudget, None, &Selector::default()) {
+                    let status = judge(&api, &pdb);
+                    let namespace = pdb["metadata"]["namespace"].as_str().unwrap_or_default();
+                    let name = pdb["metadata"]["name"].as_str().unwrap_or_default();
+                    if pdb["status"] != status {
+                        let _ = api.patch(
+                            Resource::PodDisruptionBudget,
+                            namespace,
+                            name,
+                            &json!({"status": status}),
+                            true,
+                        );
+                    }
+                }
+                tokio::time::sleep(LAG).await;
+            }
+        });
+        Self { task }
+    }
+}
+
+fn judge(api: &FakeApiServer, pdb: &Value) -> Value {
+    let namespace = pdb["metadata"]["namespace"].as_str().unwrap_or_default();
+    let labels: Vec<String> = pdb["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let pods = api.list(
+        Resource::Pod,
+        Some(namespace),
+        &Selector::labels(&labels.join(",")),
+    );
+    let expected = pods.len() as i64;
+    let healthy = pods
+        .iter()
+        .filter(|p| {
+            p["metadata"]["deletionTimestamp"].is_null()
+                && condition(p, "Ready").as_deref() == Some("True")
+        })
+        .count() as i64;
+    // An int, or a percentage of the expected Pods rounded up (as
+    // intstr.GetScaledValueFromIntOrPercent with roundUp).
+    let scaled = |v: &Value| match v {
+        Value::Number(n) => n.as_i64().unwrap_or(0),
+        Value::String(s) => s
+            .strip_suffix('%')
+            .and_then(|p| p.parse::<i64>().ok())
+            .map(|p| (p * expected + 99) / 100)
+            .unwrap_or(0),
+        _ => 0,
+    };
+    let desired = if let Some(max) = pdb["spec"].get("maxUnavailable") {
+        (expected - scaled(max)).max(0)
+    } else if let Some(min) = pdb["spec"].get("minAvailable") {
+        scaled(min)
+    } else {
+        expected
+    };
+    json!({
+        "observedGeneration": pdb["metadata"]["generation"],
+        "expectedPods": expected,
+        "currentHealthy": healthy,
+        "desiredHealthy": desired,
+        "disruptionsAllowed": (healthy - desired).max(0),
+    })
+}
