@@ -23,6 +23,15 @@ use support::kubelet::{ContainerSpec, Kubelet, PodSpec};
 use support::workloads::{self, DisruptionController, Workload};
 
 const NODE: &str = "node-a";
+const OPERATOR_TOKEN: &str = "operator-token";
+
+/// The rules of deploy/rbac-restart.yaml's ClusterRole.
+fn restart_role() -> Value {
+    let manifest = include_str!("../deploy/rbac-restart.yaml");
+    let role: Value = serde_saphyr::from_str(manifest).unwrap();
+    assert_eq!(role["kind"], "ClusterRole");
+    role["rules"].clone()
+}
 
 /// One node in standalone mode, and a kubeconfig for the operator.
 struct Node {
@@ -82,14 +91,23 @@ impl Node {
             &kubeconfig,
             format!(
                 "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"{}\"}}}}]\n\
-                 users: [{{name: admin, user: {{}}}}]\n\
-                 contexts: [{{name: plain, context: {{cluster: fake, user: admin}}}},\n\
-                 {{name: shop, context: {{cluster: fake, user: admin, namespace: shop}}}}]\n\
+                 users: [{{name: operator, user: {{token: {OPERATOR_TOKEN}}}}}]\n\
+                 contexts: [{{name: plain, context: {{cluster: fake, user: operator}}}},\n\
+                 {{name: shop, context: {{cluster: fake, user: operator, namespace: shop}}}}]\n\
                  current-context: plain\n",
                 api.url
             ),
         )
         .unwrap();
+        // The operator may do what deploy/rbac-restart.yaml grants, no more.
+        api.add_user(
+            OPERATOR_TOKEN,
+            support::policy::UserInfo {
+                username: "operator".into(),
+                groups: vec!["system:authenticated".into()],
+            },
+        );
+        api.grant("operator", &restart_role());
         Self {
             _disruption: DisruptionController::start(&api),
             api,
@@ -793,6 +811,23 @@ async fn bad_workload_input_gives_a_clear_error_and_creates_nothing() {
         assert_eq!(run.code, *code, "{args:?}: {run:?}");
         assert!(run.stderr.contains(message), "{args:?}: {run:?}");
     }
+    // The fake API server enforces the role: without `get` on Deployments
+    // the tool is refused, and says so.
+    let mut role = restart_role();
+    for rule in role.as_array_mut().unwrap() {
+        if rule["apiGroups"][0] == "apps" {
+            rule["verbs"] = json!(["list"]);
+        }
+    }
+    node.api.grant("operator", &role);
+    let run = node.restart(&["deployment/web", "-c", "app"]).await;
+    assert_eq!(run.code, 1, "{run:?}");
+    assert!(
+        run.stderr.contains(
+            "deployments.apps \"web\" is forbidden: User \"operator\" cannot get resource \"deployments\" in API group \"apps\" in the namespace \"default\""
+        ),
+        "{run:?}"
+    );
     assert!(node.crrs("default").is_empty());
 }
 

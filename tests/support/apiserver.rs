@@ -400,6 +400,8 @@ struct Inner {
     crr_versions: Mutex<CrrVersions>,
     /// Whether OpenKruise's CloneSet and Advanced StatefulSet are served.
     kruise_workloads: std::sync::atomic::AtomicBool,
+    /// RBAC rules by user (`grant`).
+    grants: Mutex<HashMap<String, Vec<Value>>>,
 }
 
 /// A watch as its request asked for it.
@@ -505,6 +507,7 @@ impl FakeApiServer {
             expired: Arc::default(),
             crr_versions: Mutex::new(CrrVersions::default()),
             kruise_workloads: std::sync::atomic::AtomicBool::new(false),
+            grants: Mutex::new(HashMap::new()),
         });
         let server = Self { url, inner };
         let handle = server.clone();
@@ -593,6 +596,67 @@ impl FakeApiServer {
 
     pub fn crr_versions(&self) -> CrrVersions {
         *lock(&self.inner.crr_versions)
+    }
+
+    /// From now on `user` may do only what `rules` (a ClusterRole's
+    /// `rules`, bound cluster-wide) allow; discovery stays open to all, as
+    /// `system:discovery` keeps it. Users never granted anything are not
+    /// checked (the tests' own clients act as cluster admins).
+    pub fn grant(&self, user: &str, rules: &Value) {
+        let rules = rules.as_array().cloned().unwrap_or_default();
+        lock(&self.inner.grants).insert(user.to_owned(), rules);
+    }
+
+    /// RBAC: 403 with the API server's message unless a rule allows it.
+    fn authorize(
+        &self,
+        verb: &str,
+        group_version: &str,
+        plural: &str,
+        subresource: Option<&str>,
+        name: Option<&str>,
+        namespace: Option<&str>,
+    ) -> Result<(), ApiError> {
+        let Ok(Some(user)) = CALLER.try_with(Clone::clone) else {
+            return Ok(());
+        };
+        let grants = lock(&self.inner.grants);
+        let Some(rules) = grants.get(&user.username) else {
+            return Ok(());
+        };
+        let group = group_version.rsplit_once('/').map_or("", |(g, _)| g);
+        let resource = match subresource {
+            Some(sub) => format!("{plural}/{sub}"),
+            None => plural.to_owned(),
+        };
+        let has = |rule: &Value, field: &str, want: &str| {
+            rule[field]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|v| v == want || v == "*"))
+        };
+        if rules.iter().any(|r| {
+            has(r, "apiGroups", group) && has(r, "resources", &resource) && has(r, "verbs", verb)
+        }) {
+            return Ok(());
+        }
+        let qualified = if group.is_empty() {
+            resource.clone()
+        } else {
+            format!("{resource}.{group}")
+        };
+        let object = name.map(|n| format!(" {n:?}")).unwrap_or_default();
+        let scope = match namespace {
+            Some(ns) => format!(" in the namespace {ns:?}"),
+            None => " at the cluster scope".to_owned(),
+        };
+        Err(ApiError::new(
+            403,
+            "Forbidden",
+            format!(
+                "{qualified}{object} is forbidden: User {:?} cannot {verb} resource {:?} in API group {group:?}{scope}",
+                user.username, resource
+            ),
+        ))
     }
 
     /// Whether a CRR write through `view` is a v1beta1 request, which
@@ -1442,6 +1506,28 @@ impl FakeApiServer {
             Some("status") if resource.has_status() => true,
             Some(_) => return Err(ApiError::new(404, "NotFound", "no such subresource")),
         };
+        let verb = match (&parts.method, name) {
+            (&Method::GET, Some(_)) => "get",
+            (&Method::GET, None)
+                if matches!(query.get("watch").map(String::as_str), Some("true" | "1")) =>
+            {
+                "watch"
+            }
+            (&Method::GET, None) => "list",
+            (&Method::POST, _) => "create",
+            (&Method::PUT, _) => "update",
+            (&Method::PATCH, _) => "patch",
+            (&Method::DELETE, Some(_)) => "delete",
+            _ => "deletecollection",
+        };
+        self.authorize(
+            verb,
+            &group_version,
+            plural,
+            subresource,
+            name,
+            namespace.as_deref(),
+        )?;
         let body = body
             .collect()
             .await
