@@ -881,3 +881,50 @@ async fn a_clone_set_is_restarted_once_served_and_dry_runs_store_nothing() {
     assert_eq!(list["items"].as_array().unwrap().len(), 2);
     assert_eq!(node.restart_counts(&shop.pods), vec![1, 1]);
 }
+
+/// On a terminal the progress is one status line, redrawn in place, with
+/// the lines that stay printed above it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_terminal_progress_is_one_line_redrawn() {
+    use clap::Parser;
+    let node = Node::start().await;
+    let web = node.deployment("web", 2, slow_ready).await;
+    let cli = crr_proxy::config::Cli::parse_from([
+        "crr-proxy",
+        "restart",
+        "deployment/web",
+        "-c",
+        "app",
+        "--kubeconfig",
+        node.kubeconfig.to_str().unwrap(),
+    ]);
+    let crr_proxy::config::Command::Restart(args) = cli.command else {
+        panic!("not restart");
+    };
+    let options = args.options(true, true);
+    let (mut out, mut progress) = (Vec::new(), Vec::new());
+    let ended = crr_proxy::restart::run(&options, &mut out, &mut progress)
+        .await
+        .unwrap();
+    assert_eq!(ended, crr_proxy::restart::Ended::Done);
+    let shown = String::from_utf8(progress).unwrap();
+    eprintln!("{shown:?}");
+    const REDRAW: &str = "\r\x1b[2K";
+    assert!(
+        shown.contains(&format!("{REDRAW}Pods 0/2 done, wave 1 (1 Pod), ")),
+        "{shown:?}"
+    );
+    assert!(
+        shown.contains(&format!("{REDRAW}wave 2: {}\n", web.pods[1])),
+        "{shown:?}"
+    );
+    assert!(
+        shown.contains(&format!("{REDRAW}Pods 2/2 done, wave 2 (1 Pod), ")),
+        "{shown:?}"
+    );
+    assert!(
+        !shown.contains("progress: "),
+        "no plain progress lines: {shown:?}"
+    );
+    assert!(out.is_empty());
+}

@@ -148,6 +148,7 @@ pub async fn run(
             _ = tick.tick() => walk.refresh(progress)?,
             _ = &mut interrupted => {
                 let flying = walk.in_flight();
+                walk.over = true;
                 walk.say(progress, &format!(
                     "stopped following; {flying} restart(s) under way go on. Resume: the same command with --run-id {run}"
                 ))?;
@@ -380,6 +381,8 @@ struct Walk<'o> {
     /// What the live status line shows now.
     status: Option<String>,
     stop: bool,
+    /// Over (or interrupted): the live status line is not drawn again.
+    over: bool,
 }
 
 impl<'o> Walk<'o> {
@@ -450,6 +453,7 @@ impl<'o> Walk<'o> {
             waiting: None,
             status: None,
             stop: false,
+            over: false,
         })
     }
 
@@ -637,6 +641,7 @@ impl<'o> Walk<'o> {
         if !over {
             return Ok(None);
         }
+        self.over = true;
         let took = self.started.elapsed().as_secs_f64();
         let restarted = self
             .pods
@@ -717,7 +722,7 @@ impl<'o> Walk<'o> {
 
     /// Redraws the live status line (the elapsed time moves on).
     fn refresh(&mut self, out: &mut (dyn Write + Send)) -> Result<(), RestartError> {
-        if !self.options.live {
+        if !self.options.live || self.over {
             return Ok(());
         }
         let status = self.progress.line(self.started.elapsed());
