@@ -1,5 +1,10 @@
-//! Try crr-proxy out without a node: a private containerd with a demo pod,
-//! and crr-proxy serving in front of it until Ctrl-C (see scripts/try.sh).
+//! Try crr-proxy out on one machine (scripts/try.sh): a private containerd,
+//! the crr-proxy binary in front of it with `--agent standalone`, and an
+//! emulated cluster around them (the test support's API server, kubelet and
+//! disruption controller). It restarts a container of a demo Pod with
+//! `crr-proxy restart`, then a Deployment in waves, prints what happened,
+//! and keeps everything up until Ctrl-C.
+// The emulated cluster is the test support, which fails loudly by design.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "../tests/support/mod.rs"]
@@ -8,65 +13,51 @@ mod support;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use crr_proxy::config::{LogFormat, RunConfig};
-use crr_proxy::cri::v1::{ListContainersRequest, VersionRequest};
-use crr_proxy::proxy::{Endpoint, Routes};
-use support::containerd::Containerd;
+use support::demo::Demo;
 
-#[tokio::main]
+#[tokio::main(flavor = "multi_thread", worker_threads = 4)]
 async fn main() -> anyhow::Result<()> {
-    crr_proxy::telemetry::init(LogFormat::Text);
-    let listen = std::env::var_os("CRR_PROXY_LISTEN")
+    let dir = std::env::var_os("CRR_PROXY_TRY_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp/crr-proxy-try/crr-proxy.sock"));
-    let ctrd = tokio::task::spawn_blocking(Containerd::start)
-        .await?
-        .context("start a private containerd")?;
-
-    let config = RunConfig {
-        listen: listen.clone(),
-        routes: Routes {
-            runtime: ctrd.endpoint(),
-            image: None,
-        },
-        agent: None,
-        metrics_addr: None,
-        recreated_file: None,
-    };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let proxy = tokio::spawn(crr_proxy::run(config, async {
-        let _ = stopped.await;
-    }));
-    while !listen.exists() {
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-
-    // A demo pod, created through the proxy as kubelet would.
-    let endpoint = Endpoint::from_path(&listen);
-    let mut cri = support::client(&endpoint);
-    let (pod_id, pod) = support::pods::run_pod(&mut cri, "try-out", &ctrd.scratch("logs")).await?;
-    support::pods::start_container(&mut cri, &pod_id, &pod, "app", &["sleep", "86400"]).await?;
-    let version = cri.version(VersionRequest::default()).await?.into_inner();
-    let containers = cri
-        .list_containers(ListContainersRequest::default())
-        .await?
-        .into_inner();
-
-    println!();
-    println!("containerd (private):  {}", ctrd.endpoint());
-    println!("crr-proxy serving:     {endpoint}");
-    println!(
-        "through the proxy:     Version -> {} {} (CRI {}), {} container(s) in pod try-out",
-        version.runtime_name,
-        version.runtime_version,
-        version.runtime_api_version,
-        containers.containers.len()
+        .unwrap_or_else(|| PathBuf::from("/tmp/crr-proxy-try"));
+    // target/release/examples/try_out -> target/release/crr-proxy
+    let bin = std::env::current_exe()?
+        .parent()
+        .and_then(|examples| examples.parent())
+        .map(|release| release.join("crr-proxy"))
+        .context("where is the crr-proxy binary?")?;
+    anyhow::ensure!(
+        bin.is_file(),
+        "build it first: cargo build --release ({} missing)",
+        bin.display()
     );
-    println!("Point a CRI client at {endpoint}. Ctrl-C stops crr-proxy and containerd.");
-
+    let demo = Demo::start(&bin, &dir).await?;
+    println!("Real on this machine:");
+    println!("  containerd + runc (private)   {}", demo.ctrd_endpoint);
+    println!(
+        "  crr-proxy run --agent standalone, serving CRI on unix://{}",
+        demo.socket.display()
+    );
+    println!("    (its log: {})", demo.log.display());
+    println!("Emulated (crr-proxy's test support, not a real Kubernetes):");
+    println!(
+        "  API server {}  with kubelet (CRI through crr-proxy), disruption controller",
+        demo.api_url
+    );
+    println!(
+        "  kubeconfig {}  (user operator: exactly deploy/rbac-restart.yaml)",
+        demo.kubeconfig.display()
+    );
+    demo.show(&mut std::io::stdout()).await?;
+    println!("\nEverything stays up until Ctrl-C. Try, for example:");
+    println!("  export KUBECONFIG={}", demo.kubeconfig.display());
+    println!("  {} restart demo -c sidecar --wait", bin.display());
+    println!(
+        "  {} restart deployment/web -c app --max-unavailable 50%",
+        bin.display()
+    );
+    println!("(linked onto PATH as kubectl-crr, the same binary is `kubectl crr restart`)");
     tokio::signal::ctrl_c().await?;
-    let _ = stop.send(());
-    proxy.await??;
-    tokio::task::spawn_blocking(move || drop(ctrd)).await?;
+    tokio::task::spawn_blocking(move || drop(demo)).await?;
     Ok(())
 }

@@ -148,6 +148,9 @@ impl Progress {
         let total: Duration = self.waves.iter().sum();
         let mean = total / u32::try_from(self.waves.len()).unwrap_or(u32::MAX);
         let pods = self.total.saturating_sub(self.done);
+        if pods == 0 {
+            return None;
+        }
         let waves = pods.div_ceil(self.wave_size);
         Some(mean * u32::try_from(waves).unwrap_or(u32::MAX))
     }
@@ -240,5 +243,7 @@ mod tests {
             progress.line(Duration::from_millis(8_300)),
             "Pods 2/6 done, wave 2 (2 Pods), 8.3s elapsed, about 8s left"
         );
+        progress.done = 6;
+        assert_eq!(progress.left(), None, "nothing is left");
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod apiserver;
 pub mod containerd;
+pub mod demo;
 pub mod images;
 pub mod interposer;
 pub mod kubelet;
