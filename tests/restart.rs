@@ -819,6 +819,26 @@ async fn bad_workload_input_gives_a_clear_error_and_creates_nothing() {
             rule["verbs"] = json!(["list"]);
         }
     }
+    // A run id of another workload is not resumed.
+    node.api
+        .create(
+            Resource::Crr,
+            "default",
+            json!({"metadata": {"name": "other-restart-b2x4z",
+                                "labels": {"crr-proxy.io/run": "r1", "crr-proxy.io/workload-uid": "uid-of-another"}},
+                   "spec": {"podName": "other", "containers": [{"name": "app"}]}}),
+        )
+        .unwrap();
+    let run = node
+        .restart(&["deployment/web", "-c", "app", "--run-id", "r1"])
+        .await;
+    assert_eq!(run.code, 1, "{run:?}");
+    assert!(
+        run.stderr
+            .contains("error: run r1 restarted Pods of another workload, not deployment/web"),
+        "{run:?}"
+    );
+    assert_eq!(node.crrs("default").len(), 1, "nothing created");
     node.api.grant("operator", &role);
     let run = node.restart(&["deployment/web", "-c", "app"]).await;
     assert_eq!(run.code, 1, "{run:?}");
@@ -828,7 +848,7 @@ async fn bad_workload_input_gives_a_clear_error_and_creates_nothing() {
         ),
         "{run:?}"
     );
-    assert!(node.crrs("default").is_empty());
+    assert_eq!(node.crrs("default").len(), 1);
 }
 
 /// OpenKruise's CloneSet once its CRD is served; a dry run of a workload

@@ -233,6 +233,18 @@ fn selector_query(selector: &LabelSelector) -> String {
     parts.join(",")
 }
 
+/// The order Pods are restarted in: by name, an ordinal as a number
+/// (`web-2` before `web-10`).
+fn in_order(name: &str) -> (String, u64) {
+    match name
+        .rsplit_once('-')
+        .map(|(base, n)| (base, n.parse::<u64>()))
+    {
+        Some((base, Ok(ordinal))) => (base.to_owned(), ordinal),
+        _ => (name.to_owned(), 0),
+    }
+}
+
 /// The UID the controller reference names.
 fn controller(
     references: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference],
@@ -405,11 +417,7 @@ impl<'o> Walk<'o> {
             })
             .filter(|p| active(p))
             .collect();
-        // web-2 before web-10.
-        names.sort_by_key(|p| {
-            let name = p.name_any();
-            (name.len(), name)
-        });
+        names.sort_by_key(|p| in_order(&p.name_any()));
         if names.is_empty() {
             return Err(RestartError::NoPods {
                 kind: workload.kind,
@@ -923,6 +931,16 @@ fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool 
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+
+    #[test]
+    fn pods_go_in_name_order_with_ordinals_as_numbers() {
+        let mut names = vec!["web-10", "web-2", "api-x7k2b", "web-1", "api-b4c9d"];
+        names.sort_by_key(|n| in_order(n));
+        assert_eq!(
+            names,
+            ["api-b4c9d", "api-x7k2b", "web-1", "web-2", "web-10"]
+        );
+    }
 
     #[test]
     fn selectors_become_queries_and_match_as_the_api_server_matches() {
