@@ -926,8 +926,8 @@ async fn on_a_terminal_progress_is_one_line_redrawn() {
     let ended = crr_proxy::restart::run(&options, &mut out, &mut progress)
         .await
         .unwrap();
-    assert_eq!(ended, crr_proxy::restart::Ended::Done);
     let shown = String::from_utf8(progress).unwrap();
+    assert_eq!(ended, crr_proxy::restart::Ended::Done, "{shown:?}");
     eprintln!("{shown:?}");
     const REDRAW: &str = "\r\x1b[2K";
     assert!(

@@ -364,6 +364,8 @@ struct Flight {
     started: Instant,
     /// Whether the watch has shown the CRR yet.
     seen: bool,
+    /// Once it has succeeded: the containers it recreated.
+    recreated: Option<Vec<String>>,
 }
 
 enum Step {
@@ -614,6 +616,7 @@ impl<'o> Walk<'o> {
             since: created.creation_timestamp().map(|t| t.0.as_second()),
             started: Instant::now(),
             seen: false,
+            recreated: None,
         })
     }
 
@@ -824,6 +827,7 @@ fn resumed(seen: &Seen, pod: &str) -> Step {
             since: crr.creation_timestamp().map(|t| t.0.as_second()),
             started: Instant::now(),
             seen: true,
+            recreated: None,
         }));
     }
     // Judged as when followed: with the Pod's Events (a failed preStop
@@ -844,41 +848,53 @@ fn resumed(seen: &Seen, pod: &str) -> Step {
 
 /// Where `flight` stands now: `None` while under way.
 fn land(pod: &str, flight: &mut Flight, seen: &Seen) -> Option<Step> {
-    let Some(crr) = seen.crrs.items.get(&flight.crr) else {
-        return flight.seen.then(|| {
-            Step::Failed(format!(
+    match seen.crrs.items.get(&flight.crr) {
+        Some(crr) => {
+            flight.seen = true;
+            let object = seen.pods.items.get(pod);
+            let events = seen.events_of(pod, flight.since);
+            flight
+                .tracker
+                .observe(flight.started.elapsed(), crr, object, &events);
+            match flight.tracker.outcome(crr)? {
+                Outcome::Failed(why) => return Some(Step::Failed(why)),
+                Outcome::Succeeded => {
+                    flight.recreated = Some(
+                        crr.status
+                            .iter()
+                            .flat_map(|s| &s.container_recreate_states)
+                            .filter(|state| state.phase == Phase::Succeeded)
+                            .map(|state| state.name.clone())
+                            .collect(),
+                    );
+                }
+            }
+        }
+        // Not shown by the watch yet.
+        None if !flight.seen => return None,
+        // Deleted after it succeeded (a short --ttl): the Pod still has
+        // to be Ready again.
+        None if flight.recreated.is_some() => {}
+        None => {
+            return Some(Step::Failed(format!(
                 "containerrecreaterequest {} was deleted",
                 flight.crr
-            ))
-        });
-    };
-    flight.seen = true;
-    let object = seen.pods.items.get(pod);
-    let events = seen.events_of(pod, flight.since);
-    flight
-        .tracker
-        .observe(flight.started.elapsed(), crr, object, &events);
-    match flight.tracker.outcome(crr)? {
-        Outcome::Failed(why) => Some(Step::Failed(why)),
-        Outcome::Succeeded => {
-            let Some(object) = object else {
-                return Some(Step::Skipped("the Pod is gone"));
-            };
-            // Ready again, and Ready as the restarted containers: a Ready
-            // read from before the kill does not count.
-            let now = restarts(object);
-            let restarted = flight.before.as_ref().is_none_or(|before| {
-                crr.status
-                    .iter()
-                    .flat_map(|s| &s.container_recreate_states)
-                    .all(|state| {
-                        state.phase != Phase::Succeeded
-                            || now.get(&state.name) > before.get(&state.name)
-                    })
-            });
-            (ready(object) && restarted).then_some(Step::Restarted)
+            )));
         }
     }
+    let Some(object) = seen.pods.items.get(pod) else {
+        return Some(Step::Skipped("the Pod is gone"));
+    };
+    // Ready again, and Ready as the restarted containers: a Ready read from
+    // before the kill does not count.
+    let now = restarts(object);
+    let restarted = match (&flight.before, &flight.recreated) {
+        (Some(before), Some(recreated)) => recreated
+            .iter()
+            .all(|name| now.get(name) > before.get(name)),
+        _ => true,
+    };
+    (ready(object) && restarted).then_some(Step::Restarted)
 }
 
 /// The budgets that select any of `pods`.
