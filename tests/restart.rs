@@ -948,3 +948,30 @@ async fn on_a_terminal_progress_is_one_line_redrawn() {
     );
     assert!(out.is_empty());
 }
+
+/// Every kind the tool knows is found, its Pods by their controller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_workload_kind_is_found_and_its_pods_restarted() {
+    let node = Node::start().await;
+    node.api.serve_kruise_workloads();
+    for (resource, name, target) in [
+        (Resource::StatefulSet, "db", "sts/db"),
+        (Resource::DaemonSet, "agent", "daemonset/agent"),
+        (Resource::ReplicaSet, "cache", "rs/cache"),
+        (Resource::AdvancedStatefulSet, "store", "asts/store"),
+    ] {
+        let workload = workloads::create(&node.api, &node.kubelet, resource, name, 1, |n| {
+            PodSpec::new(n, vec![ContainerSpec::graceful("app")])
+        })
+        .await;
+        let run = node.restart(&[target, "-c", "app"]).await;
+        assert_eq!(run.code, 0, "{target}: {run:?}");
+        assert!(
+            run.stdout.contains(" 1 restarted, 0 skipped, 0 failed"),
+            "{target}: {run:?}"
+        );
+        assert_eq!(node.restart_counts(&workload.pods), vec![1], "{target}");
+    }
+    // A StatefulSet's Pods are named by ordinal.
+    assert_eq!(node.pod("db-0")["metadata"]["name"], "db-0");
+}
