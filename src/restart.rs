@@ -4,10 +4,15 @@
 //! works with either agent mode and with OpenKruise's own kruise-daemon.
 //!
 //! - `request`: the flags as a CRR, checked against the Pod first;
-//! - `follow`: what changed between two reads, and the outcome.
+//! - `follow`: what changed between two reads, and the outcome;
+//! - `target`: a Pod or `KIND/NAME`;
+//! - `workload`: a workload's Pods in waves, `waves` the pure decisions of
+//!   it, `seen` the cluster as its watches show it, `screen` its progress.
 
 pub mod follow;
 pub mod request;
+mod screen;
+mod seen;
 pub mod target;
 pub mod waves;
 mod workload;

@@ -21,12 +21,14 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 
-use super::follow::{Outcome, Tracker, last_seen};
+use super::follow::{Outcome, Tracker};
 use super::request::{self, CREATED_BY, TOOL};
+use super::screen::Screen;
+use super::seen::{Seen, active, budgets_over, controller, ready, restarts};
 use super::target::Kind;
-use super::waves::{Budget, Next, Progress, next_wave};
+use super::waves::{Next, Progress, next_wave};
 use super::{Change, Changes, DryRun, Ended, Options, Output, Place, RestartError, print, seed};
-use crate::crr::{ContainerRecreateRequest, Phase};
+use crate::crr::Phase;
 
 /// The run a CRR belongs to.
 pub const RUN: &str = "crr-proxy.io/run";
@@ -148,7 +150,7 @@ pub async fn run(
             _ = tick.tick() => walk.refresh(progress)?,
             _ = &mut interrupted => {
                 let flying = walk.in_flight();
-                walk.over = true;
+                walk.screen.close();
                 walk.say(progress, &format!(
                     "stopped following; {flying} restart(s) under way go on. Resume: the same command with --run-id {run}"
                 ))?;
@@ -245,115 +247,6 @@ fn in_order(name: &str) -> (String, u64) {
     }
 }
 
-/// The UID the controller reference names.
-fn controller(
-    references: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference],
-) -> Option<&str> {
-    references
-        .iter()
-        .find(|r| r.controller == Some(true))
-        .map(|r| r.uid.as_str())
-}
-
-/// The objects one watch has shown, as they are now. A relist (after a
-/// watch expired) replaces them once it is complete.
-struct Mirror<K> {
-    items: BTreeMap<String, K>,
-    relisting: Option<BTreeMap<String, K>>,
-}
-
-impl<K> Default for Mirror<K> {
-    fn default() -> Self {
-        Self {
-            items: BTreeMap::new(),
-            relisting: None,
-        }
-    }
-}
-
-impl<K: kube::Resource> Mirror<K> {
-    fn apply(&mut self, event: watcher::Event<K>) {
-        match event {
-            watcher::Event::Init => self.relisting = Some(BTreeMap::new()),
-            watcher::Event::InitApply(object) => {
-                let items = self.relisting.as_mut().unwrap_or(&mut self.items);
-                items.insert(object.name_any(), object);
-            }
-            watcher::Event::InitDone => {
-                if let Some(items) = self.relisting.take() {
-                    self.items = items;
-                }
-            }
-            watcher::Event::Apply(object) => {
-                self.items.insert(object.name_any(), object);
-            }
-            watcher::Event::Delete(object) => {
-                self.items.remove(&object.name_any());
-            }
-        }
-    }
-}
-
-/// The cluster as the watches show it.
-#[derive(Default)]
-struct Seen {
-    crrs: Mirror<ContainerRecreateRequest>,
-    pods: Mirror<Pod>,
-    budgets: Mirror<PodDisruptionBudget>,
-    events: Mirror<Event>,
-}
-
-impl Seen {
-    fn apply(&mut self, change: Change) {
-        match change {
-            Change::Crr(e) => self.crrs.apply(*e),
-            Change::Pod(e) => self.pods.apply(*e),
-            Change::Budget(e) => self.budgets.apply(*e),
-            Change::Event(e) => self.events.apply(*e),
-        }
-    }
-
-    /// The Pod's Events since `since` (Unix seconds).
-    fn events_of(&self, pod: &str, since: Option<i64>) -> Vec<Event> {
-        self.events
-            .items
-            .values()
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pod))
-            .filter(|e| {
-                last_seen(e)
-                    .zip(since)
-                    .is_some_and(|(at, since)| at >= since)
-            })
-            .cloned()
-            .collect()
-    }
-}
-
-fn ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-fn restarts(pod: &Pod) -> BTreeMap<String, i32> {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .into_iter()
-        .flatten()
-        .map(|c| (c.name.clone(), c.restart_count))
-        .collect()
-}
-
-fn active(pod: &Pod) -> bool {
-    pod.metadata.deletion_timestamp.is_none()
-        && !matches!(
-            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-            Some("Succeeded" | "Failed")
-        )
-}
-
 /// A Pod's restart under way.
 struct Flight {
     crr: String,
@@ -392,11 +285,9 @@ struct Walk<'o> {
     progress: Progress,
     /// The last waiting message said (said once, until it changes).
     waiting: Option<String>,
-    /// What the live status line shows now.
-    status: Option<String>,
+    screen: Screen,
+    /// A restart failed: no wave starts after this one.
     stop: bool,
-    /// Over (or interrupted): the live status line is not drawn again.
-    over: bool,
 }
 
 impl<'o> Walk<'o> {
@@ -461,9 +352,8 @@ impl<'o> Walk<'o> {
                 ..Progress::default()
             },
             waiting: None,
-            status: None,
+            screen: Screen::new(options.live),
             stop: false,
-            over: false,
         })
     }
 
@@ -652,7 +542,7 @@ impl<'o> Walk<'o> {
         if !over {
             return Ok(None);
         }
-        self.over = true;
+        self.screen.close();
         let took = self.started.elapsed().as_secs_f64();
         let restarted = self
             .pods
@@ -702,46 +592,20 @@ impl<'o> Walk<'o> {
         Ok(Some(Ended::Failed(failed.join("; "))))
     }
 
-    /// Prints `line` above the live status line (or as a plain line), and
-    /// the status after it.
+    /// Prints `line` to stay, and the progress after it.
     fn say(&mut self, out: &mut (dyn Write + Send), line: &str) -> Result<(), RestartError> {
-        let write = |out: &mut (dyn Write + Send), text: &str| {
-            out.write_all(text.as_bytes())
-                .and_then(|()| out.flush())
-                .map_err(RestartError::Output)
-        };
-        if self.options.live {
-            write(out, &format!("\r\x1b[2K{line}\n"))?;
-            self.status = None;
-            self.refresh(out)
-        } else {
-            write(out, &format!("{line}\n"))?;
-            let status = self.progress.line(self.started.elapsed());
-            let shown = self
-                .status
-                .as_deref()
-                .map(|s| s.split(", ").take(2).collect::<Vec<_>>());
-            let now: Vec<&str> = status.split(", ").take(2).collect();
-            // Plain lines: the progress when Pods or the wave moved on.
-            if shown.as_ref() != Some(&now) && self.progress.wave > 0 {
-                write(out, &format!("progress: {status}\n"))?;
-                self.status = Some(status);
-            }
-            Ok(())
-        }
+        let status = self.progress.line(self.started.elapsed());
+        self.screen
+            .say(out, line, &status)
+            .map_err(RestartError::Output)
     }
 
     /// Redraws the live status line (the elapsed time moves on).
     fn refresh(&mut self, out: &mut (dyn Write + Send)) -> Result<(), RestartError> {
-        if !self.options.live || self.over {
-            return Ok(());
-        }
         let status = self.progress.line(self.started.elapsed());
-        out.write_all(format!("\r\x1b[2K{status}").as_bytes())
-            .and_then(|()| out.flush())
-            .map_err(RestartError::Output)?;
-        self.status = Some(status);
-        Ok(())
+        self.screen
+            .refresh(out, &status)
+            .map_err(RestartError::Output)
     }
 
     /// `--dry-run`: the CRRs the run would create, judged by the client or
@@ -897,69 +761,13 @@ fn land(pod: &str, flight: &mut Flight, seen: &Seen) -> Option<Step> {
     (ready(object) && restarted).then_some(Step::Restarted)
 }
 
-/// The budgets that select any of `pods`.
-fn budgets_over(seen: &Seen, pods: &[&Pod]) -> Vec<Budget> {
-    seen.budgets
-        .items
-        .values()
-        .filter(|b| {
-            let selector = b.spec.as_ref().and_then(|s| s.selector.as_ref());
-            pods.iter()
-                .any(|p| selector.is_some_and(|s| selects(s, p.labels())))
-        })
-        .map(|b| {
-            let status = b.status.as_ref();
-            let current = status
-                .and_then(|s| s.observed_generation)
-                .zip(b.metadata.generation)
-                .is_some_and(|(seen, generation)| seen >= generation);
-            Budget {
-                name: b.name_any(),
-                allowed: status.filter(|_| current).map(|s| s.disruptions_allowed),
-            }
-        })
-        .collect()
-}
-
-/// Whether `selector` selects `labels` (an empty selector selects all, as
-/// a PDB's does in policy/v1).
-fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
-    let labels_match = selector
-        .match_labels
-        .iter()
-        .flatten()
-        .all(|(k, v)| labels.get(k) == Some(v));
-    let expressions_match = selector.match_expressions.iter().flatten().all(|e| {
-        let values = e.values.clone().unwrap_or_default();
-        let value = labels.get(&e.key);
-        match e.operator.as_str() {
-            "In" => value.is_some_and(|v| values.contains(v)),
-            "NotIn" => value.is_none_or(|v| !values.contains(v)),
-            "Exists" => value.is_some(),
-            "DoesNotExist" => value.is_none(),
-            _ => false,
-        }
-    });
-    labels_match && expressions_match
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
 
     #[test]
-    fn pods_go_in_name_order_with_ordinals_as_numbers() {
-        let mut names = vec!["web-10", "web-2", "api-x7k2b", "web-1", "api-b4c9d"];
-        names.sort_by_key(|n| in_order(n));
-        assert_eq!(
-            names,
-            ["api-b4c9d", "api-x7k2b", "web-1", "web-2", "web-10"]
-        );
-    }
-
-    #[test]
-    fn selectors_become_queries_and_match_as_the_api_server_matches() {
+    fn selectors_become_queries() {
         let selector = LabelSelector {
             match_labels: Some(BTreeMap::from([("app".into(), "web".into())])),
             match_expressions: Some(vec![
@@ -976,24 +784,15 @@ mod tests {
             ]),
         };
         assert_eq!(selector_query(&selector), "app=web,tier in (a,b),!canary");
-        let labels = |pairs: &[(&str, &str)]| {
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect::<BTreeMap<_, _>>()
-        };
-        assert!(selects(
-            &selector,
-            &labels(&[("app", "web"), ("tier", "a")])
-        ));
-        assert!(!selects(
-            &selector,
-            &labels(&[("app", "web"), ("tier", "c")])
-        ));
-        assert!(!selects(
-            &selector,
-            &labels(&[("app", "web"), ("tier", "a"), ("canary", "1")])
-        ));
-        assert!(selects(&LabelSelector::default(), &labels(&[])));
+    }
+
+    #[test]
+    fn pods_go_in_name_order_with_ordinals_as_numbers() {
+        let mut names = vec!["web-10", "web-2", "api-x7k2b", "web-1", "api-b4c9d"];
+        names.sort_by_key(|n| in_order(n));
+        assert_eq!(
+            names,
+            ["api-b4c9d", "api-x7k2b", "web-1", "web-2", "web-10"]
+        );
     }
 }

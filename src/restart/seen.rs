@@ -1,0 +1,217 @@
+//! The cluster as a workload run's watches show it (CRRs of the run, the
+//! workload's Pods, the namespace's budgets and Pod Events), and what is read
+//! from it: who controls a Pod, whether it is Ready, which budgets cover it.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
+use kube::ResourceExt;
+use kube::runtime::watcher;
+
+use super::Change;
+use super::follow::last_seen;
+use super::waves::Budget;
+use crate::crr::ContainerRecreateRequest;
+
+/// The objects one watch has shown, as they are now. A relist (after a
+/// watch expired) replaces them once it is complete.
+pub struct Mirror<K> {
+    pub items: BTreeMap<String, K>,
+    relisting: Option<BTreeMap<String, K>>,
+}
+
+impl<K> Default for Mirror<K> {
+    fn default() -> Self {
+        Self {
+            items: BTreeMap::new(),
+            relisting: None,
+        }
+    }
+}
+
+impl<K: kube::Resource> Mirror<K> {
+    fn apply(&mut self, event: watcher::Event<K>) {
+        match event {
+            watcher::Event::Init => self.relisting = Some(BTreeMap::new()),
+            watcher::Event::InitApply(object) => {
+                let items = self.relisting.as_mut().unwrap_or(&mut self.items);
+                items.insert(object.name_any(), object);
+            }
+            watcher::Event::InitDone => {
+                if let Some(items) = self.relisting.take() {
+                    self.items = items;
+                }
+            }
+            watcher::Event::Apply(object) => {
+                self.items.insert(object.name_any(), object);
+            }
+            watcher::Event::Delete(object) => {
+                self.items.remove(&object.name_any());
+            }
+        }
+    }
+}
+
+/// The cluster as the watches show it.
+#[derive(Default)]
+pub struct Seen {
+    pub crrs: Mirror<ContainerRecreateRequest>,
+    pub pods: Mirror<Pod>,
+    pub budgets: Mirror<PodDisruptionBudget>,
+    pub events: Mirror<Event>,
+}
+
+impl Seen {
+    pub fn apply(&mut self, change: Change) {
+        match change {
+            Change::Crr(e) => self.crrs.apply(*e),
+            Change::Pod(e) => self.pods.apply(*e),
+            Change::Budget(e) => self.budgets.apply(*e),
+            Change::Event(e) => self.events.apply(*e),
+        }
+    }
+
+    /// The Pod's Events since `since` (Unix seconds).
+    pub fn events_of(&self, pod: &str, since: Option<i64>) -> Vec<Event> {
+        self.events
+            .items
+            .values()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pod))
+            .filter(|e| {
+                last_seen(e)
+                    .zip(since)
+                    .is_some_and(|(at, since)| at >= since)
+            })
+            .cloned()
+            .collect()
+    }
+}
+
+pub fn ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+pub fn restarts(pod: &Pod) -> BTreeMap<String, i32> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|c| (c.name.clone(), c.restart_count))
+        .collect()
+}
+
+pub fn active(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_none()
+        && !matches!(
+            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        )
+}
+
+/// The UID the controller reference names.
+pub fn controller(references: &[OwnerReference]) -> Option<&str> {
+    references
+        .iter()
+        .find(|r| r.controller == Some(true))
+        .map(|r| r.uid.as_str())
+}
+
+/// The budgets that select any of `pods`.
+pub fn budgets_over(seen: &Seen, pods: &[&Pod]) -> Vec<Budget> {
+    seen.budgets
+        .items
+        .values()
+        .filter(|b| {
+            let selector = b.spec.as_ref().and_then(|s| s.selector.as_ref());
+            pods.iter()
+                .any(|p| selector.is_some_and(|s| selects(s, p.labels())))
+        })
+        .map(|b| {
+            let status = b.status.as_ref();
+            let current = status
+                .and_then(|s| s.observed_generation)
+                .zip(b.metadata.generation)
+                .is_some_and(|(seen, generation)| seen >= generation);
+            Budget {
+                name: b.name_any(),
+                allowed: status.filter(|_| current).map(|s| s.disruptions_allowed),
+            }
+        })
+        .collect()
+}
+
+/// Whether `selector` selects `labels` (an empty selector selects all, as
+/// a PDB's does in policy/v1).
+fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    let labels_match = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let expressions_match = selector.match_expressions.iter().flatten().all(|e| {
+        let values = e.values.clone().unwrap_or_default();
+        let value = labels.get(&e.key);
+        match e.operator.as_str() {
+            "In" => value.is_some_and(|v| values.contains(v)),
+            "NotIn" => value.is_none_or(|v| !values.contains(v)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            _ => false,
+        }
+    });
+    labels_match && expressions_match
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+
+    #[test]
+    fn selectors_match_as_the_api_server_matches() {
+        let selector = LabelSelector {
+            match_labels: Some(BTreeMap::from([("app".into(), "web".into())])),
+            match_expressions: Some(vec![
+                LabelSelectorRequirement {
+                    key: "tier".into(),
+                    operator: "In".into(),
+                    values: Some(vec!["a".into(), "b".into()]),
+                },
+                LabelSelectorRequirement {
+                    key: "canary".into(),
+                    operator: "DoesNotExist".into(),
+                    values: None,
+                },
+            ]),
+        };
+        let labels = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>()
+        };
+        assert!(selects(
+            &selector,
+            &labels(&[("app", "web"), ("tier", "a")])
+        ));
+        assert!(!selects(
+            &selector,
+            &labels(&[("app", "web"), ("tier", "c")])
+        ));
+        assert!(!selects(
+            &selector,
+            &labels(&[("app", "web"), ("tier", "a"), ("canary", "1")])
+        ));
+        assert!(
+            selects(&LabelSelector::default(), &labels(&[])),
+            "an empty selector selects all"
+        );
+    }
+}
