@@ -436,3 +436,48 @@ async fn crr_versions_convert_as_kruises_webhook_and_none_do() {
             .unwrap();
     }
 }
+
+/// Discovery from the root (`/api`, `/apis`, each group-version), as
+/// kubectl and kube-rs's `Discovery` walk it: what `kubectl get crr` and
+/// the try-out's emulated cluster need. OpenKruise's workloads appear once
+/// served.
+#[tokio::test]
+async fn discovery_from_the_root_lists_what_is_served() {
+    let server = FakeApiServer::start().await;
+    let find = |discovery: &kube::discovery::Discovery, group: &str, plural: &str| {
+        discovery.groups().any(|g| {
+            g.name() == group
+                && g.recommended_resources()
+                    .iter()
+                    .any(|(r, _)| r.plural == plural)
+        })
+    };
+    let discovery = kube::discovery::Discovery::new(server.client())
+        .run()
+        .await
+        .unwrap();
+    for (group, plural) in [
+        ("", "pods"),
+        ("", "nodes"),
+        ("apps", "deployments"),
+        ("apps", "replicasets"),
+        ("apps", "statefulsets"),
+        ("apps", "daemonsets"),
+        ("policy", "poddisruptionbudgets"),
+        ("apps.kruise.io", "containerrecreaterequests"),
+        ("events.k8s.io", "events"),
+        ("coordination.k8s.io", "leases"),
+    ] {
+        assert!(
+            find(&discovery, group, plural),
+            "{group}/{plural} not discovered"
+        );
+    }
+    assert!(!find(&discovery, "apps.kruise.io", "clonesets"));
+    server.serve_kruise_workloads();
+    let discovery = kube::discovery::Discovery::new(server.client())
+        .run()
+        .await
+        .unwrap();
+    assert!(find(&discovery, "apps.kruise.io", "clonesets"));
+}

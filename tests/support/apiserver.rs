@@ -137,6 +137,40 @@ impl Resource {
         )
     }
 
+    const ALL: [Resource; 13] = [
+        Resource::Crr,
+        Resource::Pod,
+        Resource::Node,
+        Resource::Event,
+        Resource::CoreEvent,
+        Resource::Lease,
+        Resource::Deployment,
+        Resource::ReplicaSet,
+        Resource::StatefulSet,
+        Resource::DaemonSet,
+        Resource::PodDisruptionBudget,
+        Resource::CloneSet,
+        Resource::AdvancedStatefulSet,
+    ];
+
+    /// kubectl's short names, as discovery lists them.
+    fn short_names(self) -> &'static [&'static str] {
+        match self {
+            Resource::Crr => &["crr"],
+            Resource::Pod => &["po"],
+            Resource::Node => &["no"],
+            Resource::Event | Resource::CoreEvent => &["ev"],
+            Resource::Lease => &[],
+            Resource::Deployment => &["deploy"],
+            Resource::ReplicaSet => &["rs"],
+            Resource::StatefulSet => &["sts"],
+            Resource::DaemonSet => &["ds"],
+            Resource::PodDisruptionBudget => &["pdb"],
+            Resource::CloneSet => &["clone"],
+            Resource::AdvancedStatefulSet => &["asts"],
+        }
+    }
+
     fn is_kruise_workload(self) -> bool {
         matches!(self, Resource::CloneSet | Resource::AdvancedStatefulSet)
     }
@@ -1445,8 +1479,12 @@ impl FakeApiServer {
                                 "metadata": {"creationTimestamp": null}, "status": {"userInfo": user}});
             return Ok(respond(201, &review));
         }
-        if let ["apis", group, version] = path.as_slice() {
-            return self.discovery(group, version);
+        match path.as_slice() {
+            ["api"] => return Ok(self.root_discovery(true)),
+            ["apis"] => return Ok(self.root_discovery(false)),
+            ["api", "v1"] => return self.discovery("v1"),
+            ["apis", group, version] => return self.discovery(&format!("{group}/{version}")),
+            _ => {}
         }
         let (group_version, rest) = match path.as_slice() {
             ["api", version, rest @ ..] => ((*version).to_owned(), rest),
@@ -1717,40 +1755,82 @@ impl FakeApiServer {
         }
     }
 
-    /// `GET /apis/<group>/<version>`: the resources served there.
-    fn discovery(
-        &self,
-        group: &str,
-        version: &str,
-    ) -> Result<Response<BoxBody<Bytes, Infallible>>, ApiError> {
-        let group_version = format!("{group}/{version}");
-        let mut resources = Vec::new();
-        for resource in [
-            Resource::Crr,
-            Resource::Event,
-            Resource::Deployment,
-            Resource::ReplicaSet,
-            Resource::StatefulSet,
-            Resource::DaemonSet,
-            Resource::PodDisruptionBudget,
-            Resource::CloneSet,
-            Resource::AdvancedStatefulSet,
-        ] {
-            let (g, plural) = resource.group_resource();
-            let served = match resource {
-                Resource::Crr => g == group && self.crr_versions().served().contains(&version),
-                _ => resource.api_version() == group_version && self.serves(resource),
-            };
-            if served {
-                resources.push(json!({"name": plural, "singularName": "", "namespaced": true,
-                    "kind": resource.kind(), "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]}));
-                if resource.has_status() {
-                    resources.push(json!({"name": format!("{plural}/status"), "singularName": "",
-                        "namespaced": true, "kind": resource.kind(), "verbs": ["get", "patch", "update"]}));
+    /// The group-versions that serve `resource` now.
+    fn served_versions(&self, resource: Resource) -> Vec<String> {
+        match resource {
+            Resource::Crr => self
+                .crr_versions()
+                .served()
+                .iter()
+                .map(|v| format!("apps.kruise.io/{v}"))
+                .collect(),
+            _ if self.serves(resource) => vec![resource.api_version().to_owned()],
+            _ => Vec::new(),
+        }
+    }
+
+    /// `GET /api` and `GET /apis`: the versions and groups served, as
+    /// kubectl's discovery reads them.
+    fn root_discovery(&self, core: bool) -> Response<BoxBody<Bytes, Infallible>> {
+        if core {
+            return respond(
+                200,
+                &json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}),
+            );
+        }
+        let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for resource in Resource::ALL {
+            for group_version in self.served_versions(resource) {
+                if let Some((group, version)) = group_version.split_once('/') {
+                    let versions = groups.entry(group.to_owned()).or_default();
+                    if !versions.iter().any(|v| v == version) {
+                        versions.push(version.to_owned());
+                    }
                 }
             }
         }
-        if resources.is_empty() && group != "apps.kruise.io" {
+        let groups: Vec<Value> = groups
+            .into_iter()
+            .map(|(name, versions)| {
+                let versions: Vec<Value> = versions
+                    .iter()
+                    .map(|v| json!({"groupVersion": format!("{name}/{v}"), "version": v}))
+                    .collect();
+                json!({"name": name, "preferredVersion": versions[0], "versions": versions})
+            })
+            .collect();
+        respond(
+            200,
+            &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}),
+        )
+    }
+
+    /// `GET /api/v1` or `GET /apis/<group>/<version>`: the resources served
+    /// there.
+    fn discovery(
+        &self,
+        group_version: &str,
+    ) -> Result<Response<BoxBody<Bytes, Infallible>>, ApiError> {
+        let mut resources = Vec::new();
+        for resource in Resource::ALL {
+            if !self
+                .served_versions(resource)
+                .iter()
+                .any(|gv| gv == group_version)
+            {
+                continue;
+            }
+            let (_, plural) = resource.group_resource();
+            let namespaced = resource.namespaced();
+            resources.push(json!({"name": plural, "singularName": resource.kind().to_lowercase(),
+                "namespaced": namespaced, "kind": resource.kind(), "shortNames": resource.short_names(),
+                "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]}));
+            if resource.has_status() {
+                resources.push(json!({"name": format!("{plural}/status"), "singularName": "",
+                    "namespaced": namespaced, "kind": resource.kind(), "verbs": ["get", "patch", "update"]}));
+            }
+        }
+        if resources.is_empty() && !group_version.starts_with("apps.kruise.io/") {
             return Err(ApiError::new(
                 404,
                 "NotFound",
