@@ -84,8 +84,9 @@ pub struct RestartArgs {
 
     /// A workload: how many of its Pods may be restarting or unready at
     /// once, a number or a percentage of its Pods (rounded down, at least 1).
-    #[arg(long, value_name = "N|P%", default_value = "1")]
-    pub max_unavailable: crate::restart::waves::MaxUnavailable,
+    /// [default: 1]
+    #[arg(long, value_name = "N|P%")]
+    pub max_unavailable: Option<crate::restart::waves::MaxUnavailable>,
 
     /// A workload: go on after a failed restart (the exit status is still 1).
     #[arg(long)]

@@ -79,7 +79,8 @@ pub struct Options {
 /// How a workload is walked through.
 #[derive(Clone, Debug, Default)]
 pub struct WaveOptions {
-    pub max_unavailable: MaxUnavailable,
+    /// `None`: one Pod at a time.
+    pub max_unavailable: Option<MaxUnavailable>,
     pub continue_on_failure: bool,
     /// Resume this run: Pods it restarted already are skipped.
     pub run_id: Option<String>,
@@ -166,6 +167,12 @@ async fn one_pod(
     out: &mut (dyn Write + Send),
     progress: &mut (dyn Write + Send),
 ) -> Result<Ended, RestartError> {
+    let waves = &options.waves;
+    if waves.max_unavailable.is_some() || waves.continue_on_failure || waves.run_id.is_some() {
+        return Err(RestartError::Usage(
+            "--max-unavailable, --continue-on-failure and --run-id apply to a workload (KIND/NAME) only",
+        ));
+    }
     let (client, namespace, crrs) = (&at.client, &at.namespace, &at.crrs);
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let mut request = options.request.clone();

@@ -287,6 +287,16 @@ async fn bad_input_gives_a_clear_error_and_creates_nothing() {
         ),
         (&["web"], 2, "required arguments were not provided"),
         (
+            &["web", "-c", "app", "--max-unavailable", "2"],
+            1,
+            "error: --max-unavailable, --continue-on-failure and --run-id apply to a workload (KIND/NAME) only",
+        ),
+        (
+            &["pod/web", "-c", "app", "--run-id", "r1"],
+            1,
+            "apply to a workload (KIND/NAME) only",
+        ),
+        (
             &["web", "-c", "app", "-n", "shop"],
             1,
             "error: pod web not found in namespace shop",

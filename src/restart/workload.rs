@@ -342,7 +342,7 @@ impl<'o> Walk<'o> {
             owners: workload.owners.clone(),
             workload_uid: workload.uid.clone(),
             api_version,
-            max: options.waves.max_unavailable.of(total),
+            max: options.waves.max_unavailable.unwrap_or_default().of(total),
             pods,
             started: now,
             wave_started: now,
