@@ -46,6 +46,20 @@ pub struct KillRequest {
     /// The preStop hook already began once (before crr-proxy restarted):
     /// straight to StopContainer, with the whole grace period.
     pub skip_pre_stop: bool,
+    /// Called once the container is known to be running and about to be
+    /// stopped (before its preStop hook): from then on, an exit is this
+    /// kill's doing, however soon kubelet sees it.
+    pub on_stopping: Option<OnStopping>,
+}
+
+/// The `on_stopping` callback.
+#[derive(Clone)]
+pub struct OnStopping(pub Arc<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for OnStopping {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OnStopping")
+    }
 }
 
 /// Where the grace period came from.
@@ -226,6 +240,9 @@ impl Killer {
             .unwrap_or_else(|| format!("Stopping container {}", target.name));
         info!(container = id, name = %target.name, pod = %target.pod_display(), grace, "killing container");
 
+        if let Some(OnStopping(stopping)) = &request.on_stopping {
+            stopping();
+        }
         let handler = request.pre_stop.as_ref().or(target.pre_stop.as_ref());
         if handler.is_some() && request.skip_pre_stop {
             info!(

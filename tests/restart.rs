@@ -39,6 +39,7 @@ struct Node {
     kubelet: Kubelet,
     kubeconfig: PathBuf,
     agent: tokio::task::JoinHandle<()>,
+    recreated: Arc<Recreated>,
     _disruption: DisruptionController,
     _proxy: ProxyUnderTest,
     ctrd: Containerd,
@@ -75,7 +76,7 @@ impl Node {
             killer: Killer::new(cri, None),
             node_name: NODE.into(),
             mode: Mode::Standalone,
-            recreated,
+            recreated: Arc::clone(&recreated),
             kills: Arc::new(Records::in_memory()),
             metrics: Arc::new(Metrics::default()),
             lease: LeaseSettings::default(),
@@ -109,6 +110,7 @@ impl Node {
         );
         api.grant("operator", &restart_role());
         Self {
+            recreated,
             _disruption: DisruptionController::start(&api),
             api,
             kubelet,
@@ -984,4 +986,65 @@ async fn every_workload_kind_is_found_and_its_pods_restarted() {
     }
     // A StatefulSet's Pods are named by ordinal.
     assert_eq!(node.pod("db-0")["metadata"]["name"], "db-0");
+}
+
+/// The reason is recorded before the container is stopped, not after
+/// StopContainer returns: kubelet may read the exited container's status in
+/// between, and would then keep the runtime's own reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_restart_reason_is_recorded_before_the_container_stops() {
+    let node = Node::start().await;
+    // Ignores SIGTERM: StopContainer lasts the whole 3 s grace period.
+    let mut app = ContainerSpec::graceful("app");
+    app.command = ["sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"]
+        .map(String::from)
+        .to_vec();
+    let mut spec = PodSpec::new("web", vec![app]);
+    spec.termination_grace_period = 3;
+    let pod = node.kubelet.run_pod(spec).await;
+    let id = pod["status"]["containerStatuses"][0]["containerID"]
+        .as_str()
+        .unwrap()
+        .rsplit("://")
+        .next()
+        .unwrap()
+        .to_owned();
+    let run = tokio::spawn({
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_crr-proxy"));
+        command
+            .args(["restart", "web", "-c", "app", "--wait"])
+            .env("KUBECONFIG", &node.kubeconfig);
+        async move {
+            tokio::task::spawn_blocking(move || command.output().unwrap())
+                .await
+                .unwrap()
+        }
+    });
+    let recorded =
+        support::roles::wait_for(Duration::from_secs(10), || node.recreated.reason(&id)).await;
+    assert!(recorded.is_some(), "no record");
+    let mut cri = support::client(&node.ctrd.endpoint());
+    let state = cri
+        .container_status(crr_proxy::cri::v1::ContainerStatusRequest {
+            container_id: id.clone(),
+            verbose: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status
+        .unwrap()
+        .state;
+    assert_eq!(
+        state,
+        crr_proxy::cri::v1::ContainerState::ContainerRunning as i32,
+        "recorded while the old container still runs (it ignores SIGTERM for 3 s)"
+    );
+    let output = run.await.unwrap();
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let pod = node.pod("web");
+    assert_eq!(
+        pod["status"]["containerStatuses"][0]["lastState"]["terminated"]["reason"],
+        "ContainerRecreateRequest"
+    );
 }

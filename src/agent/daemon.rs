@@ -19,7 +19,7 @@ use super::queue::Next;
 use super::{AgentError, PodKey, is_finished, phase};
 use crate::crr::state::{self, Candidate, PassEnd};
 use crate::crr::{ContainerRecreateRequest, Phase, labels};
-use crate::kill::{HookResult, KillError, KillRequest};
+use crate::kill::{HookResult, KillError, KillRequest, OnStopping};
 use crate::telemetry::Chain;
 
 /// Why a container of a CRR could not be killed; its text goes into the
@@ -242,6 +242,21 @@ impl Daemon<'_> {
                     .map(|c| c.ports.clone())
                     .filter(|p| !p.is_empty()),
                 message: Some(message.clone()),
+                // Recorded before the preStop hook and the stop, not after:
+                // kubelet may ask about the exited container before
+                // StopContainer has even returned.
+                on_stopping: Some(OnStopping({
+                    let (recreated, id, crr_key) = (
+                        Arc::clone(&ctx.records.recreated),
+                        id.clone(),
+                        crr_key.clone(),
+                    );
+                    Arc::new(move || {
+                        if let Err(error) = recreated.record(&id, &crr_key) {
+                            warn!(error = %Chain(&error), "the restart reason will not survive a restart");
+                        }
+                    })
+                })),
             };
             ctx.event(&reference, EventType::Normal, "Killing", message)
                 .await;
@@ -273,14 +288,10 @@ impl Daemon<'_> {
                 let failed = !matches!(hook.result, HookResult::Succeeded);
                 ctx.metrics.pre_stop_finished(hook.took, failed);
             }
-            if outcome.stop_timeout.is_some() {
-                if let Some(seen) = seen {
-                    ctx.metrics.container_stopped(seen.elapsed());
-                }
-                // StopContainer went out: from now on kubelet is told why.
-                if let Err(error) = ctx.records.recreated.record(&id, &crr_key) {
-                    warn!(error = %Chain(&error), "the restart reason will not survive a restart");
-                }
+            if outcome.stop_timeout.is_some()
+                && let Some(seen) = seen
+            {
+                ctx.metrics.container_stopped(seen.elapsed());
             }
             info!(container = %name, after = ?outcome.after, "container killed");
             Ok(())
