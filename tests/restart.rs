@@ -1024,17 +1024,7 @@ async fn the_restart_reason_is_recorded_before_the_container_stops() {
         support::roles::wait_for(Duration::from_secs(10), || node.recreated.reason(&id)).await;
     assert!(recorded.is_some(), "no record");
     let mut cri = support::client(&node.ctrd.endpoint());
-    let state = cri
-        .container_status(crr_proxy::cri::v1::ContainerStatusRequest {
-            container_id: id.clone(),
-            verbose: false,
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .status
-        .unwrap()
-        .state;
+    let state = support::pods::container_status(&mut cri, &id).await.state;
     assert_eq!(
         state,
         crr_proxy::cri::v1::ContainerState::ContainerRunning as i32,

@@ -2,7 +2,7 @@
 //! workload's Pods, the namespace's budgets and Pod Events), and what is read
 //! from it: who controls a Pod, whether it is Ready, which budgets cover it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
@@ -72,6 +72,14 @@ impl Seen {
             Change::Budget(e) => self.budgets.apply(*e),
             Change::Event(e) => self.events.apply(*e),
         }
+    }
+
+    /// The Pods whose controller is one of `owners` (UIDs).
+    pub fn owned_by<'a>(&'a self, owners: &'a HashSet<String>) -> impl Iterator<Item = &'a Pod> {
+        self.pods
+            .items
+            .values()
+            .filter(|p| controller(p.owner_references()).is_some_and(|o| owners.contains(o)))
     }
 
     /// The Pod's Events since `since` (Unix seconds).
@@ -170,13 +178,13 @@ fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool 
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
 
-    #[test]
-    fn selectors_match_as_the_api_server_matches() {
-        let selector = LabelSelector {
+    /// `app=web,tier in (a,b),!canary`.
+    pub(in crate::restart) fn web_tier_not_canary() -> LabelSelector {
+        LabelSelector {
             match_labels: Some(BTreeMap::from([("app".into(), "web".into())])),
             match_expressions: Some(vec![
                 LabelSelectorRequirement {
@@ -190,7 +198,12 @@ mod tests {
                     values: None,
                 },
             ]),
-        };
+        }
+    }
+
+    #[test]
+    fn selectors_match_as_the_api_server_matches() {
+        let selector = web_tier_not_canary();
         let labels = |pairs: &[(&str, &str)]| {
             pairs
                 .iter()

@@ -117,7 +117,7 @@ pub async fn run(
     }
     let mut walk = Walk::plan(options, at, &workload, &run, &seen)?;
     if options.dry_run != DryRun::None {
-        return walk.dry_run(at, out, progress).await;
+        return walk.dry_run(at, &seen, out, progress).await;
     }
     walk.say(progress, &walk.opening())?;
     let interrupted = tokio::signal::ctrl_c();
@@ -302,12 +302,7 @@ impl<'o> Walk<'o> {
     ) -> Result<Self, RestartError> {
         let target = format!("{}/{}", workload.kind, workload.name);
         let mut names: Vec<&Pod> = seen
-            .pods
-            .items
-            .values()
-            .filter(|p| {
-                controller(p.owner_references()).is_some_and(|o| workload.owners.contains(o))
-            })
+            .owned_by(&workload.owners)
             .filter(|p| active(p))
             .collect();
         names.sort_by_key(|p| in_order(&p.name_any()));
@@ -444,12 +439,7 @@ impl<'o> Walk<'o> {
         if left.is_empty() {
             return Ok(());
         }
-        let owned: Vec<&Pod> = seen
-            .pods
-            .items
-            .values()
-            .filter(|p| controller(p.owner_references()).is_some_and(|o| self.owners.contains(o)))
-            .collect();
+        let owned: Vec<&Pod> = seen.owned_by(&self.owners).collect();
         let unready = owned.iter().filter(|p| !ready(p)).count();
         let budgets = budgets_over(seen, &owned);
         let size = match next_wave(self.max, unready, &budgets, left.len()) {
@@ -613,6 +603,7 @@ impl<'o> Walk<'o> {
     async fn dry_run(
         &self,
         at: &Place,
+        seen: &Seen,
         out: &mut (dyn Write + Send),
         progress: &mut (dyn Write + Send),
     ) -> Result<Ended, RestartError> {
@@ -621,10 +612,10 @@ impl<'o> Walk<'o> {
             if !matches!(step, Step::Left) {
                 continue;
             }
-            let Some(pod) = self.pod_of(at, name).await? else {
+            let Some(pod) = seen.pods.items.get(name) else {
                 continue;
             };
-            let mut body = self.body(&pod, name)?;
+            let mut body = self.body(pod, name)?;
             body["metadata"]["namespace"] = json!(at.namespace);
             if self.options.dry_run == DryRun::Server {
                 let created = at.crrs.create(&at.namespace, &body, true).await?;
@@ -638,13 +629,13 @@ impl<'o> Walk<'o> {
             }
             items.push(body);
         }
-        let (verb, how) = match self.options.dry_run {
-            DryRun::Server => ("would be created", "server dry run"),
-            _ => ("would be created", "client dry run"),
+        let how = match self.options.dry_run {
+            DryRun::Server => "server dry run",
+            _ => "client dry run",
         };
         writeln!(
             progress,
-            "{} containerrecreaterequests {verb} in {} for {}, in waves of at most {} ({how})",
+            "{} containerrecreaterequests would be created in {} for {}, in waves of at most {} ({how})",
             items.len(),
             at.namespace,
             self.target,
@@ -660,12 +651,6 @@ impl<'o> Walk<'o> {
             )?;
         }
         Ok(Ended::Done)
-    }
-
-    async fn pod_of(&self, at: &Place, name: &str) -> Result<Option<Pod>, RestartError> {
-        Ok(Api::<Pod>::namespaced(at.client.clone(), &at.namespace)
-            .get_opt(name)
-            .await?)
     }
 }
 
@@ -764,25 +749,10 @@ fn land(pod: &str, flight: &mut Flight, seen: &Seen) -> Option<Step> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
 
     #[test]
     fn selectors_become_queries() {
-        let selector = LabelSelector {
-            match_labels: Some(BTreeMap::from([("app".into(), "web".into())])),
-            match_expressions: Some(vec![
-                LabelSelectorRequirement {
-                    key: "tier".into(),
-                    operator: "In".into(),
-                    values: Some(vec!["a".into(), "b".into()]),
-                },
-                LabelSelectorRequirement {
-                    key: "canary".into(),
-                    operator: "DoesNotExist".into(),
-                    values: None,
-                },
-            ]),
-        };
+        let selector = super::super::seen::tests::web_tier_not_canary();
         assert_eq!(selector_query(&selector), "app=web,tier in (a,b),!canary");
     }
 

@@ -79,7 +79,7 @@ impl Resource {
         })
     }
 
-    fn api_version(self) -> &'static str {
+    pub fn api_version(self) -> &'static str {
         match self {
             Resource::Crr => "apps.kruise.io/v1alpha1",
             Resource::Event => "events.k8s.io/v1",
@@ -95,7 +95,7 @@ impl Resource {
         }
     }
 
-    fn kind(self) -> &'static str {
+    pub fn kind(self) -> &'static str {
         match self {
             Resource::Crr => "ContainerRecreateRequest",
             Resource::Pod => "Pod",

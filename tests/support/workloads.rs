@@ -36,12 +36,12 @@ pub async fn create(
     pod: impl Fn(&str) -> PodSpec,
 ) -> Workload {
     let selector = json!({"matchLabels": {"app": name}});
-    let kind = api_kind(resource);
+    let (kind, api_version) = (resource.kind(), resource.api_version());
     let object = api
         .create(
             resource,
             NAMESPACE,
-            json!({"apiVersion": kind.1, "metadata": {"name": name},
+            json!({"apiVersion": api_version, "metadata": {"name": name},
                    "spec": {"replicas": replicas, "selector": selector,
                             "template": {"metadata": {"labels": {"app": name}}}}}),
         )
@@ -53,7 +53,7 @@ pub async fn create(
             .create(
                 Resource::ReplicaSet,
                 NAMESPACE,
-                json!({"metadata": {"name": rs_name, "ownerReferences": owner(kind.0, kind.1, name, &uid),
+                json!({"metadata": {"name": rs_name, "ownerReferences": owner(kind, api_version, name, &uid),
                                     "labels": {"app": name, "pod-template-hash": "7d4b9c"}},
                        "spec": {"replicas": replicas,
                                 "selector": {"matchLabels": {"app": name, "pod-template-hash": "7d4b9c"}}}}),
@@ -62,7 +62,7 @@ pub async fn create(
         let rs_uid = rs["metadata"]["uid"].as_str().unwrap().to_owned();
         (owner("ReplicaSet", "apps/v1", &rs_name, &rs_uid), rs_name)
     } else {
-        (owner(kind.0, kind.1, name, &uid), name.to_owned())
+        (owner(kind, api_version, name, &uid), name.to_owned())
     };
     let mut pods = Vec::new();
     for i in 0..replicas {
@@ -82,18 +82,6 @@ pub async fn create(
         pods.push(pod_name);
     }
     Workload { uid, pods }
-}
-
-fn api_kind(resource: Resource) -> (&'static str, &'static str) {
-    match resource {
-        Resource::Deployment => ("Deployment", "apps/v1"),
-        Resource::ReplicaSet => ("ReplicaSet", "apps/v1"),
-        Resource::StatefulSet => ("StatefulSet", "apps/v1"),
-        Resource::DaemonSet => ("DaemonSet", "apps/v1"),
-        Resource::CloneSet => ("CloneSet", "apps.kruise.io/v1alpha1"),
-        Resource::AdvancedStatefulSet => ("StatefulSet", "apps.kruise.io/v1beta1"),
-        other => panic!("{other:?} is not a workload"),
-    }
 }
 
 /// kube-controller-manager's disruption controller, for every PDB: the
