@@ -33,6 +33,7 @@ mod daemon;
 mod lease;
 mod manager;
 mod queue;
+mod restarts;
 mod standalone;
 mod watches;
 
@@ -64,6 +65,7 @@ use queue::{Next, Queue};
 use watches::{SyncGate, follow};
 
 pub use lease::LeaseSettings;
+pub use restarts::KubeletSettings;
 
 /// kruise-daemon runs 32 workers.
 const WORKERS: usize = 32;
@@ -101,6 +103,8 @@ pub struct AgentConfig {
     pub metrics: Arc<Metrics>,
     /// Standalone mode's election (`lease`); unused in kruise mode.
     pub lease: LeaseSettings,
+    /// What the agent reads of kubelet's restart decisions (`restarts`).
+    pub kubelet: KubeletSettings,
 }
 
 /// Who else handles CRRs.
@@ -182,6 +186,7 @@ pub async fn spawn(
     let node_name = settings.node_name.clone();
     let mode = settings.mode;
     let lease = settings.lease.clone();
+    let kubelet = settings.kubelet.clone();
     let endpoint = runtime.clone();
     let (stop, mut stopping) = watch::channel(false);
     let (stopped, stopped_rx) = tokio::sync::oneshot::channel();
@@ -220,6 +225,7 @@ pub async fn spawn(
                     kills,
                     metrics,
                     lease,
+                    kubelet,
                 };
                 let shutdown = async move {
                     let _ = stopping.wait_for(|stop| *stop).await;
@@ -252,6 +258,7 @@ pub async fn run(
         kills,
         metrics,
         lease,
+        kubelet,
     } = config;
     let selector = format!("{}={node_name},{}=true", labels::NODE_NAME, labels::ACTIVE);
     let ready = Arc::new(synced);
@@ -303,7 +310,8 @@ pub async fn run(
             records,
             recorder,
             Arc::clone(&metrics),
-        );
+        )
+        .with_kubelet(kubelet.clone());
         let agent = Arc::new(Agent {
             ctx,
             store,
@@ -331,6 +339,7 @@ pub async fn run(
                 metrics: Arc::clone(&metrics),
                 leadership: leadership.clone(),
                 timeout: lease.renew_period,
+                unanswered: lease.unanswered,
             };
             followers.push(tokio::spawn(claimer.run()));
         }

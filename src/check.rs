@@ -344,12 +344,13 @@ fn needed(mode: Mode) -> Vec<(&'static str, &'static str, &'static str, &'static
         ),
         ("events.k8s.io", "events", "", "create"),
         ("events.k8s.io", "events", "", "patch"),
+        // The Pod's restart policy, before each kill.
+        ("", "pods", "", "get"),
     ];
     if mode == Mode::Standalone {
         verbs.extend([
             ("apps.kruise.io", "containerrecreaterequests", "", "patch"),
             ("apps.kruise.io", "containerrecreaterequests", "", "delete"),
-            ("", "pods", "", "get"),
             ("", "pods", "", "list"),
             ("", "pods", "", "watch"),
             ("", "pods", "status", "patch"),

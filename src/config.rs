@@ -74,6 +74,11 @@ pub struct RestartArgs {
     #[arg(long, value_name = "DURATION")]
     pub deadline: Option<Seconds>,
 
+    /// Stop following after this long (`90s`), as a failure; what was
+    /// created goes on [default: no limit].
+    #[arg(long, value_name = "DURATION")]
+    pub timeout: Option<Seconds>,
+
     /// Delete the CRR this long after it ends (ttlSecondsAfterFinished).
     #[arg(long, value_name = "DURATION")]
     pub ttl: Option<Seconds>,
@@ -166,6 +171,7 @@ impl RestartArgs {
                 run_id: self.run_id.clone(),
             },
             live,
+            timeout: seconds(&self.timeout),
             request: Request {
                 pod: match &self.target {
                     Target::Pod(name) => name.clone(),
@@ -212,10 +218,6 @@ impl RestartArgs {
 pub struct CheckArgs {
     #[command(flatten)]
     pub run: RunArgs,
-
-    /// kubelet's configuration file, to check its runtime endpoints.
-    #[arg(long, default_value = "/var/lib/kubelet/config.yaml")]
-    pub kubelet_config: PathBuf,
 }
 
 /// Where the settings file is looked for when `--config` is not given.
@@ -258,6 +260,15 @@ pub struct RunArgs {
     /// [default: the host name, as kubelet's].
     #[arg(long, env = "CRR_PROXY_NODE_NAME")]
     pub node_name: Option<String>,
+
+    /// kubelet's configuration file: `check` reads its runtime endpoints
+    /// and back-off, the agent its feature gates before each kill.
+    #[arg(
+        long,
+        env = "CRR_PROXY_KUBELET_CONFIG",
+        default_value = "/var/lib/kubelet/config.yaml"
+    )]
+    pub kubelet_config: PathBuf,
 
     /// kubeconfig for the agent [default: $KUBECONFIG, ~/.kube/config, then in-cluster].
     #[arg(long, env = "CRR_PROXY_KUBECONFIG")]
@@ -409,6 +420,8 @@ pub struct AgentSettings {
     pub kills_file: PathBuf,
     /// Standalone mode's election.
     pub lease: crate::agent::LeaseSettings,
+    /// What the agent reads of kubelet's restart decisions.
+    pub kubelet: crate::agent::KubeletSettings,
 }
 
 // === impl RunArgs ===
@@ -435,6 +448,10 @@ impl RunArgs {
                     },
                     kills_file: self.state_dir.join("kills"),
                     lease: self.lease()?,
+                    kubelet: crate::agent::KubeletSettings {
+                        config: Some(self.kubelet_config.clone()),
+                        reads_rewrites: self.reason_rewrite,
+                    },
                 })
             }
         };
@@ -470,6 +487,7 @@ impl RunArgs {
             namespace: self.lease_namespace.clone(),
             duration,
             renew_period: renew,
+            unanswered: crate::agent::LeaseSettings::default().unanswered,
         })
     }
 }

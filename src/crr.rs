@@ -57,6 +57,10 @@ pub fn crd_manifest() -> Result<String, CrdError> {
     ))
 }
 
+/// kruise-manager's completion message for a CRR no node's daemon took up
+/// within a minute of its creation (standalone mode: the Lease holder's).
+pub const UNANSWERED: &str = "daemon has not responded for a long time";
+
 /// Labels the webhook (or crr-proxy in standalone mode) puts on a CRR.
 pub mod labels {
     pub const POD_UID: &str = "crr.apps.kruise.io/pod-uid";

@@ -15,15 +15,16 @@ use crate::cri::v1::{ContainerState, ContainerStatus};
 use crate::crr::state::{self, PodContainers, RuntimeContainer};
 use crate::crr::{ContainerRecreateRequest, SyncContainerStatus, admission};
 use crate::kill::{self, Target, keys};
-use crate::reason::{Editor, StatusResponse, wire};
+use crate::reason::{Editor, StatusResponse, Stopped, wire};
 
 /// Every container ID counts as recreated, so that every well-formed exited
 /// status is edited.
-fn everyone(id: &str) -> Option<(String, String)> {
-    Some((
-        "ContainerRecreateRequest".into(),
-        format!("recreated by {id}"),
-    ))
+fn everyone(id: &str) -> Option<Stopped> {
+    Some(Stopped {
+        reason: "ContainerRecreateRequest".into(),
+        message: format!("recreated by {id}"),
+        rewrite: None,
+    })
 }
 
 fn kind(selector: u8) -> StatusResponse {

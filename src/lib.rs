@@ -14,6 +14,7 @@
 //! - [`metrics`]: Prometheus metrics of the data path.
 //! - [`reason`]: why a container restarted, as kubelet is told.
 //! - [`records`]: small key-value records that outlive crr-proxy.
+//! - [`restart_rules`]: whether kubelet starts a stopped container again.
 
 pub mod admin;
 pub mod agent;
@@ -30,6 +31,7 @@ pub mod proxy;
 pub mod reason;
 pub mod records;
 pub mod restart;
+pub mod restart_rules;
 pub mod telemetry;
 
 use std::future::Future;

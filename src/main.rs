@@ -29,7 +29,7 @@ fn main() -> ExitCode {
                 .enable_all()
                 .build()
                 .map(|runtime| {
-                    runtime.block_on(crr_proxy::check::run(&config, &args.kubelet_config))
+                    runtime.block_on(crr_proxy::check::run(&config, &args.run.kubelet_config))
                 });
             match report {
                 Ok(report) => {

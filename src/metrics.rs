@@ -182,6 +182,7 @@ struct Crr {
     lease_held: AtomicI64,
     claims: AtomicU64,
     unclaimable: AtomicU64,
+    unanswered: AtomicU64,
 }
 
 /// The proxy's metrics; share one behind an `Arc`.
@@ -281,6 +282,10 @@ impl Metrics {
     /// A CRR ended because no node can take it (as the holder).
     pub fn crr_unclaimable(&self) {
         self.crr.unclaimable.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn crr_unanswered(&self) {
+        self.crr.unanswered.fetch_add(1, Ordering::Relaxed);
     }
 
     /// CRRs of this node not yet finished.
@@ -420,6 +425,13 @@ impl Metrics {
             "CRRs this node ended, as the Lease holder, because no node can take them (no such Pod, or not scheduled).",
             crr.unclaimable.load(Ordering::Relaxed),
         );
+        scalar(
+            out,
+            "crr_proxy_crr_unanswered_total",
+            "counter",
+            "CRRs this node ended, as the Lease holder, because the node they were claimed for did not take them up within 60 s.",
+            crr.unanswered.load(Ordering::Relaxed),
+        );
     }
 }
 
@@ -499,6 +511,7 @@ mod tests {
         metrics.set_lease_held(true);
         metrics.crr_claimed();
         metrics.crr_unclaimable();
+        metrics.crr_unanswered();
         metrics.crr_completed(CrrOutcome::DeadlineExceeded);
         metrics.container_stopped(Duration::from_millis(12));
         metrics.pre_stop_finished(Duration::from_secs(3), true);
@@ -510,6 +523,7 @@ mod tests {
             "crr_proxy_standalone_lease_held 1",
             "crr_proxy_crr_claims_total 1",
             "crr_proxy_crr_unclaimable_total 1",
+            "crr_proxy_crr_unanswered_total 1",
             r#"crr_proxy_crr_recreations_total{outcome="deadline_exceeded"} 1"#,
             r#"crr_proxy_crr_seen_to_stopped_seconds_bucket{le="0.01"} 0"#,
             r#"crr_proxy_crr_seen_to_stopped_seconds_bucket{le="0.025"} 1"#,

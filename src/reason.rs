@@ -18,7 +18,9 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::records::{Records, RecordsError};
 
-pub use wire::StatusResponse;
+pub use wire::{StatusResponse, Stopped};
+
+use crate::restart_rules::Rewrite;
 
 /// The reason kubelet is told.
 pub const REASON: &str = "ContainerRecreateRequest";
@@ -27,9 +29,10 @@ pub const REASON: &str = "ContainerRecreateRequest";
 /// its stream): buffering it whole is not worth its memory.
 const MAX_EDITED_MESSAGE: usize = 4 << 20;
 
-/// The containers crr-proxy stopped, and for which CRR (a container ID
-/// to `<namespace>/<name>`), kept in a file of [`Records`] (one
-/// `<container id> <namespace>/<name>` per line).
+/// The containers crr-proxy stopped, for which CRR, and which exit code to
+/// report for each (a container ID to `<namespace>/<name>` and, where the
+/// restart rules call for it, `;<rewrite>`), kept in a file of [`Records`]
+/// (one `<container id> <value>` per line).
 #[derive(Debug, Default)]
 pub struct Recreated {
     records: Records,
@@ -48,18 +51,35 @@ impl Recreated {
         })
     }
 
-    /// Records that `container_id` was stopped for the CRR `namespace/name`.
-    pub fn record(&self, container_id: &str, crr: &str) -> Result<(), RecordsError> {
-        self.records.insert(container_id, crr)
+    /// Records that `container_id` was stopped for the CRR `namespace/name`,
+    /// and which exit codes to report for it.
+    pub fn record(
+        &self,
+        container_id: &str,
+        crr: &str,
+        rewrite: Option<Rewrite>,
+    ) -> Result<(), RecordsError> {
+        match rewrite {
+            Some(rewrite) => self
+                .records
+                .insert(container_id, &format!("{crr};{}", rewrite.to_word())),
+            None => self.records.insert(container_id, crr),
+        }
     }
 
-    /// The reason and message for `container_id`, if crr-proxy stopped it.
-    pub fn reason(&self, container_id: &str) -> Option<(String, String)> {
-        let crr = self.records.get(container_id)?;
-        Some((
-            REASON.to_owned(),
-            format!("recreated by ContainerRecreateRequest {crr}"),
-        ))
+    /// What kubelet is told of `container_id`, if crr-proxy stopped it.
+    pub fn stopped(&self, container_id: &str) -> Option<Stopped> {
+        let value = self.records.get(container_id)?;
+        // A record without a rewrite (and every record of older versions).
+        let (crr, rewrite) = match value.split_once(';') {
+            Some((crr, rewrite)) => (crr, Rewrite::from_word(rewrite)),
+            None => (value.as_str(), None),
+        };
+        Some(Stopped {
+            reason: REASON.to_owned(),
+            message: format!("recreated by ContainerRecreateRequest {crr}"),
+            rewrite,
+        })
     }
 
     pub fn is_empty(&self) -> bool {
@@ -68,8 +88,8 @@ impl Recreated {
 }
 
 impl wire::Lookup for Recreated {
-    fn reason(&self, container_id: &str) -> Option<(String, String)> {
-        Recreated::reason(self, container_id)
+    fn stopped(&self, container_id: &str) -> Option<Stopped> {
+        Recreated::stopped(self, container_id)
     }
 }
 
@@ -172,23 +192,33 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         let recreated = Recreated::open(&file).unwrap();
         assert!(recreated.is_empty());
-        recreated.record("abc", "shop/restart-app").unwrap();
+        recreated.record("abc", "shop/restart-app", None).unwrap();
+        let rewrite = Rewrite::from_word(&format!("143:fffffffffffffffe{}", "f".repeat(48)));
+        recreated.record("ghi", "shop/once", rewrite).unwrap();
         let reopened = Recreated::open(&file).unwrap();
         assert_eq!(
-            reopened.reason("abc"),
-            Some((
-                REASON.into(),
-                "recreated by ContainerRecreateRequest shop/restart-app".into()
-            ))
+            reopened.stopped("abc"),
+            Some(Stopped {
+                reason: REASON.into(),
+                message: "recreated by ContainerRecreateRequest shop/restart-app".into(),
+                rewrite: None,
+            })
         );
-        assert_eq!(reopened.reason("def"), None);
+        let once = reopened.stopped("ghi").unwrap();
+        assert_eq!(
+            once.message,
+            "recreated by ContainerRecreateRequest shop/once"
+        );
+        assert_eq!(once.rewrite, rewrite);
+        assert!(rewrite.is_some());
+        assert_eq!(reopened.stopped("def"), None);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn messages_split_across_frames_are_reassembled_and_edited() {
         let recreated = Recreated::in_memory();
-        recreated.record("stopped", "ns/crr").unwrap();
+        recreated.record("stopped", "ns/crr", None).unwrap();
         let mut stream = framed(&response("other"));
         stream.extend(framed(&response("stopped")));
         stream.extend(framed(&response("other")));
@@ -217,7 +247,7 @@ mod tests {
     #[test]
     fn compressed_truncated_and_huge_messages_pass_unchanged() {
         let recreated = Recreated::in_memory();
-        recreated.record("stopped", "ns/crr").unwrap();
+        recreated.record("stopped", "ns/crr", None).unwrap();
         let mut compressed = framed(&response("stopped"));
         compressed[0] = 1;
         let mut editor = Editor::new(StatusResponse::ContainerStatus);

@@ -72,6 +72,8 @@ pub struct Options {
     pub live: bool,
     pub cluster: Cluster,
     pub wait: bool,
+    /// How long to follow before giving up (`--timeout`): a failure.
+    pub timeout: Option<Duration>,
     pub output: Option<Output>,
     pub dry_run: DryRun,
 }
@@ -145,10 +147,28 @@ pub async fn run(
         client,
         namespace,
     };
-    match &options.target {
-        Target::Pod(pod) => one_pod(options, &at, pod, out, progress).await,
-        Target::Workload(kind, name) => {
-            workload::run(options, &at, *kind, name, out, progress).await
+    let run = async {
+        match &options.target {
+            Target::Pod(pod) => one_pod(options, &at, pod, out, progress).await,
+            Target::Workload(kind, name) => {
+                workload::run(options, &at, *kind, name, out, progress).await
+            }
+        }
+    };
+    let Some(limit) = options.timeout else {
+        return run.await;
+    };
+    // Only the following ends: what was created goes on in the cluster.
+    match tokio::time::timeout(limit, run).await {
+        Ok(ended) => ended,
+        Err(_) => {
+            let why = format!(
+                "timed out after {}s; what was created goes on: kubectl get containerrecreaterequests -n {}",
+                limit.as_secs(),
+                at.namespace
+            );
+            writeln!(progress, "{why}").map_err(RestartError::Output)?;
+            Ok(Ended::Failed(why))
         }
     }
 }

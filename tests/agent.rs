@@ -84,6 +84,10 @@ impl Cluster {
             kills: Arc::new(crr_proxy::records::Records::in_memory()),
             metrics: Arc::clone(&self.metrics),
             lease: agent::LeaseSettings::default(),
+            kubelet: agent::KubeletSettings {
+                config: None,
+                reads_rewrites: true,
+            },
         };
         self.agent = Some(tokio::spawn(agent::run(
             config,
@@ -628,36 +632,111 @@ async fn a_second_crr_within_kubelets_back_off_waits_for_it(mode: Setup) {
     assert!(app["state"]["running"].is_object(), "{app}");
 }
 
-/// A container its Pod does not restart (restartPolicy OnFailure, a clean
-/// exit on SIGTERM) stays down: the CRR waits for a new container that never
-/// comes, and its deadline completes it, as with kruise-daemon.
-async fn a_container_that_is_not_restarted_leaves_the_crr_to_its_deadline(mode: Setup) {
+/// kubelet's restart rules decide what a CRR does: under the Pod's `Never`
+/// nothing is stopped and the container fails at once, saying why; where
+/// only some exit codes restart it (`OnFailure` and a clean exit, a rule on
+/// one code), kubelet is told one of them and the container comes back; a
+/// code that would reset the whole Pod (RestartAllContainers) is never the
+/// one kubelet reads.
+async fn restart_policies_decide_what_a_crr_does(mode: Setup) {
     let cluster = Cluster::new(mode).await;
-    let mut pod = app_and_sidecar("once");
-    pod.restart_policy = RestartPolicy::OnFailure;
-    cluster.kubelet.run_pod(pod).await;
-    cluster.create(
-        "crr-once",
-        "once",
-        &["app"],
-        Value::Null,
-        json!({"activeDeadlineSeconds": 3}),
+    let pod = |name: &str, policy: RestartPolicy, app: ContainerSpec| {
+        let mut pod = PodSpec::new(name, vec![app, ContainerSpec::graceful("sidecar")]);
+        pod.restart_policy = policy;
+        pod
+    };
+    let rule = |action: &str, code: i32| json!([{"action": action, "exitCodes": {"operator": "In", "values": [code]}}]);
+    let mut on_42 = ContainerSpec::graceful("app");
+    on_42.restart = json!({"restartPolicy": "Never", "restartPolicyRules": rule("Restart", 42)});
+    let mut resets = ContainerSpec::exiting_with("app", 143);
+    resets.restart = json!({"restartPolicy": "OnFailure", "restartPolicyRules": rule("RestartAllContainers", 143)});
+    let pods = [
+        pod(
+            "never",
+            RestartPolicy::Never,
+            ContainerSpec::graceful("app"),
+        ),
+        pod(
+            "once",
+            RestartPolicy::OnFailure,
+            ContainerSpec::graceful("app"),
+        ),
+        pod("on-42", RestartPolicy::Never, on_42),
+        pod("resets", RestartPolicy::Always, resets),
+    ];
+    for spec in pods {
+        cluster.kubelet.run_pod(spec).await;
+    }
+    let before = container_status(&cluster.pod("never"), "app");
+    let started = Instant::now();
+    for name in ["never", "once", "on-42", "resets"] {
+        cluster.create(
+            &format!("crr-{name}"),
+            name,
+            &["app"],
+            Value::Null,
+            json!({}),
+        );
+    }
+
+    let refused = cluster
+        .completed("crr-never", Duration::from_secs(20))
+        .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
     );
-    let done = cluster.completed("crr-once", Duration::from_secs(20)).await;
     assert_eq!(
-        done["status"]["message"],
-        "recreating has exceeded the activeDeadlineSeconds"
+        states(&refused),
+        json!([{"name": "app", "phase": "Failed",
+                "message": "not recreated: app would not be started again: the Pod's restartPolicy is Never"}])
     );
-    assert_eq!(
-        states(&done),
-        json!([{"name": "app", "phase": "Recreating", "isKilled": true}])
-    );
-    let app = container_status(&cluster.pod("once"), "app");
-    assert_eq!(app["restartCount"], 0);
-    assert_eq!(app["state"]["terminated"]["exitCode"], 0, "{app}");
-    assert_eq!(
-        app["state"]["terminated"]["reason"],
-        "ContainerRecreateRequest"
+    let after = container_status(&cluster.pod("never"), "app");
+    assert_eq!(after["containerID"], before["containerID"]);
+    assert_eq!(after["restartCount"], 0);
+    assert!(after["state"]["running"].is_object(), "{after}");
+
+    for (name, reported, real) in [("once", 143, 0), ("on-42", 42, 0), ("resets", 137, 143)] {
+        let crr = format!("crr-{name}");
+        let done = cluster.completed(&crr, Duration::from_secs(60)).await;
+        let pod = cluster.kubelet.wait_ready(name).await;
+        assert_eq!(
+            states(&done),
+            json!([{"name": "app", "phase": "Succeeded", "isKilled": true}]),
+            "{name}"
+        );
+        let app = container_status(&pod, "app");
+        assert_eq!(app["restartCount"], 1, "{name}: {app}");
+        let last = &app["lastState"]["terminated"];
+        assert_eq!(last["exitCode"], reported, "{name}: {last}");
+        assert_eq!(last["reason"], "ContainerRecreateRequest");
+        assert_eq!(
+            last["message"],
+            format!(
+                "recreated by ContainerRecreateRequest {NAMESPACE}/{crr} (exit code {real}, reported as {reported} so that kubelet starts it again)"
+            )
+        );
+        assert_eq!(
+            container_status(&pod, "sidecar")["restartCount"],
+            0,
+            "{name}"
+        );
+    }
+    assert_eq!(cluster.kubelet.pods_restarted_whole(), 0);
+    let noted = cluster
+        .api
+        .list(Resource::Event, Some(NAMESPACE), &Default::default())
+        .into_iter()
+        .filter(|e| e["reason"] == "ExitCodeReported")
+        .count();
+    assert_eq!(noted, 3);
+    let event = cluster.event("ExitCodeReported").unwrap();
+    assert!(
+        event["note"]
+            .as_str()
+            .is_some_and(|n| n.starts_with("Container app exited with code ")),
+        "{event}"
     );
 }
 
@@ -1702,7 +1781,7 @@ in_both_modes!(
     a_refused_event_write_is_retried,
     a_lagging_cache_does_not_complete_a_crr_twice,
     a_second_crr_within_kubelets_back_off_waits_for_it,
-    a_container_that_is_not_restarted_leaves_the_crr_to_its_deadline,
+    restart_policies_decide_what_a_crr_does,
     a_pod_deleted_mid_recreate_completes_the_crr,
 );
 

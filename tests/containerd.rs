@@ -517,7 +517,7 @@ async fn container_events_carry_the_crr_reason_of_recreated_containers() {
         .unwrap()
         .into_inner()
         .container_id;
-    recreated.record(&id, "shop/restart-app").unwrap();
+    recreated.record(&id, "shop/restart-app", None).unwrap();
     cri.start_container(StartContainerRequest {
         container_id: id.clone(),
     })

@@ -86,6 +86,8 @@ impl Drop for NodeAgent {
 /// `nodes` nodes; node-0 runs the Pods, on a real containerd.
 struct Fleet {
     api: FakeApiServer,
+    /// The election settings every node's agent starts with.
+    lease: LeaseSettings,
     kubelet: Kubelet,
     agents: Vec<NodeAgent>,
     endpoint: crr_proxy::cri::Endpoint,
@@ -100,6 +102,10 @@ impl Fleet {
 
     /// Starts the nodes in this order: the first one takes the Lease.
     async fn start_in_order(ctrd: &Arc<Containerd>, order: &[usize]) -> Self {
+        Self::start_with(ctrd, order, lease()).await
+    }
+
+    async fn start_with(ctrd: &Arc<Containerd>, order: &[usize], lease: LeaseSettings) -> Self {
         let api = FakeApiServer::start().await;
         api.add_policies(include_str!("../deploy/node-policy.yaml"));
         let proxy = ProxyUnderTest::serve(Proxy::new(Routes {
@@ -109,6 +115,7 @@ impl Fleet {
         let kubelet = Kubelet::start(&api, proxy.client(), &node(0), ctrd.scratch("logs")).await;
         let mut fleet = Self {
             api,
+            lease,
             kubelet,
             agents: Vec::new(),
             endpoint: ctrd.endpoint(),
@@ -141,10 +148,11 @@ impl Fleet {
             .enable_all()
             .build()
             .unwrap();
-        let (api, endpoint, into) = (
+        let (api, endpoint, into, lease) = (
             self.api.clone(),
             self.endpoint.clone(),
             Arc::clone(&metrics),
+            self.lease.clone(),
         );
         let task = runtime.spawn(async move {
             // Built on the node's runtime: their connections live there.
@@ -158,7 +166,8 @@ impl Fleet {
                 recreated: Arc::new(Recreated::in_memory()),
                 kills: Arc::new(Records::in_memory()),
                 metrics: into,
-                lease: lease(),
+                lease,
+                kubelet: agent::KubeletSettings::default(),
             };
             agent::run(config, synced, shutdown).await;
         });
@@ -498,6 +507,88 @@ async fn crrs_no_node_can_take_are_ended_by_the_holder_alone() {
         fleet.agent(2).metric("crr_proxy_crr_unclaimable_total"),
         0.0
     );
+}
+
+/// A CRR claimed for a node whose crr-proxy is down (here: not started) is
+/// ended by the Lease holder once it has gone unanswered for the set time
+/// (kruise-manager's 60 s; 4 s here), with kruise-manager's message; a CRR
+/// its node answers is left to it; a holder that takes over ends the
+/// unanswered claims its predecessor made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claims_their_node_never_takes_up_are_ended_by_the_holder() {
+    let ctrd = tokio::task::spawn_blocking(start_containerd).await.unwrap();
+    let settings = LeaseSettings {
+        unanswered: Duration::from_secs(4),
+        ..lease()
+    };
+    // node-0 runs the Pod, and its crr-proxy is down.
+    let mut fleet = Fleet::start_with(&ctrd, &[1, 2], settings).await;
+    assert_eq!(fleet.holder().as_deref(), Some("node-1"));
+    fleet
+        .kubelet
+        .run_pod(PodSpec::new("web", vec![ContainerSpec::graceful("app")]))
+        .await;
+    let created = Instant::now();
+    fleet.create("unanswered", "web", "app");
+    let claimed = wait_for(Duration::from_secs(5), || {
+        fleet
+            .crr("unanswered")
+            .filter(|c| c["metadata"]["labels"]["crr.apps.kruise.io/node-name"] == "node-0")
+    })
+    .await
+    .expect("claimed for node-0");
+    assert!(claimed["status"]["phase"].is_null(), "{claimed}");
+    let done = wait_for(Duration::from_secs(15), || {
+        fleet
+            .crr("unanswered")
+            .filter(|c| c["status"]["phase"] == "Completed")
+    })
+    .await
+    .expect("ended by the holder");
+    let waited = created.elapsed();
+    assert!(waited >= Duration::from_secs(3), "{waited:?}");
+    assert_eq!(
+        done["status"]["message"],
+        "daemon has not responded for a long time"
+    );
+    assert!(done["status"]["completionTime"].is_string());
+    assert_eq!(fleet.agent(1).metric("crr_proxy_crr_unanswered_total"), 1.0);
+
+    // The holder is killed with a claim in waiting: the new holder ends it.
+    fleet.create("handed-over", "web", "app");
+    wait_for(Duration::from_secs(5), || {
+        fleet
+            .crr("handed-over")
+            .filter(|c| c["metadata"]["labels"]["crr.apps.kruise.io/node-name"] == "node-0")
+    })
+    .await
+    .expect("claimed for node-0");
+    fleet.agent_mut(1).kill();
+    let done = wait_for(Duration::from_secs(30), || {
+        fleet
+            .crr("handed-over")
+            .filter(|c| c["status"]["phase"] == "Completed")
+    })
+    .await
+    .expect("ended by the new holder");
+    assert_eq!(
+        done["status"]["message"],
+        "daemon has not responded for a long time"
+    );
+    assert_eq!(fleet.holder().as_deref(), Some("node-2"));
+    assert_eq!(fleet.agent(2).metric("crr_proxy_crr_unanswered_total"), 1.0);
+
+    // Once node-0's crr-proxy runs, its CRRs are answered and recreated.
+    fleet.start_agent(0).await;
+    fleet.create("answered", "web", "app");
+    let done = fleet.finished("answered", Duration::from_secs(30)).await;
+    assert!(done["status"]["message"].is_null(), "{done}");
+    assert_eq!(
+        done["status"]["containerRecreateStates"][0]["phase"],
+        "Succeeded"
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(fleet.agent(2).metric("crr_proxy_crr_unanswered_total"), 1.0);
 }
 
 /// The holder's writes are cut off (a partition): it stops claiming once

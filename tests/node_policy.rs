@@ -180,7 +180,7 @@ async fn unclaimed_crrs_are_written_only_by_the_lease_holder() {
     let (status, message) = patch_crr(&server, "a", "new", for_a.clone(), false).await;
     assert_eq!(status, 403);
     assert!(
-        message.ends_with("only the holder of the standalone Lease may claim or end an unclaimed ContainerRecreateRequest"),
+        message.ends_with("only the holder of the standalone Lease may claim or end an unclaimed ContainerRecreateRequest, or end one its node never took up"),
         "{message}"
     );
     assert_eq!(patch_crr(&server, "a", "new", for_b, false).await.0, 403);
@@ -223,6 +223,54 @@ async fn unclaimed_crrs_are_written_only_by_the_lease_holder() {
     // Once it let the Lease go, not even that.
     hold_lease(&server, None);
     assert_eq!(patch_crr(&server, "b", "no-pod", refuse, true).await.0, 403);
+}
+
+/// A CRR its node never took up (no phase) may be ended by the Lease holder
+/// with kruise-manager's message, and by no one else, in no other way.
+#[tokio::test]
+async fn the_lease_holder_ends_only_the_claims_their_node_never_took_up() {
+    let server = server().await;
+    let unanswered = json!({"status": {"phase": "Completed", "message": "daemon has not responded for a long time"}});
+    let other = json!({"status": {"phase": "Completed", "message": "refused"}});
+    hold_lease(&server, Some("node-b"));
+    // node-a's CRR, not taken up: another node that does not hold the
+    // Lease may not end it, nor may the holder with another message.
+    server.add_user("c", UserInfo::node("node-c"));
+    assert_eq!(
+        patch_crr(&server, "c", "of-a", unanswered.clone(), true)
+            .await
+            .0,
+        403
+    );
+    assert_eq!(patch_crr(&server, "b", "of-a", other, true).await.0, 403);
+    // The holder may, with that message.
+    assert_eq!(
+        patch_crr(&server, "b", "of-a", unanswered.clone(), true)
+            .await
+            .0,
+        200
+    );
+    // A CRR its node took up (a phase set) is the node's alone.
+    assert_eq!(
+        patch_crr(
+            &server,
+            "b",
+            "of-b",
+            json!({"status": {"phase": "Recreating"}}),
+            true
+        )
+        .await
+        .0,
+        200
+    );
+    assert_eq!(
+        patch_crr(&server, "a", "of-b", unanswered, true).await.0,
+        403
+    );
+    hold_lease(&server, Some("node-a"));
+    let unanswered = json!({"status": {"phase": "Completed", "message": "daemon has not responded for a long time"}});
+    let (status, message) = patch_crr(&server, "a", "of-b", unanswered, true).await;
+    assert_eq!(status, 403, "{message}");
 }
 
 #[tokio::test]

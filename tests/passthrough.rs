@@ -322,7 +322,7 @@ fn proxy_with_a_recreated_container() -> (FakeUpstream, ProxyUnderTest, Vec<u8>)
     let upstream = FakeUpstream::start();
     let recreated = std::sync::Arc::new(Recreated::in_memory());
     recreated
-        .record(upstream::STOPPED_ID, "shop/restart-app")
+        .record(upstream::STOPPED_ID, "shop/restart-app", None)
         .unwrap();
     let routes = Routes {
         runtime: upstream.endpoint(),

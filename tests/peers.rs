@@ -191,7 +191,7 @@ async fn proxy_with_an_exited_recreated_container(ctrd: &Containerd) -> (ProxyUn
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let recreated = Arc::new(Recreated::in_memory());
-    recreated.record(&id, "shop/restart-app").unwrap();
+    recreated.record(&id, "shop/restart-app", None).unwrap();
     let routes = Routes {
         runtime: ctrd.endpoint(),
         image: None,

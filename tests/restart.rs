@@ -80,6 +80,10 @@ impl Node {
             kills: Arc::new(Records::in_memory()),
             metrics: Arc::new(Metrics::default()),
             lease: LeaseSettings::default(),
+            kubelet: agent::KubeletSettings {
+                config: None,
+                reads_rewrites: true,
+            },
         };
         let agent = tokio::spawn(agent::run(config, synced, std::future::pending()));
         tokio::time::timeout(Duration::from_secs(10), ready.wait_for(|r| *r))
@@ -462,6 +466,40 @@ async fn ctrl_c_stops_following_and_the_restart_goes_on() {
     );
     support::roles::wait_for(Duration::from_secs(30), || {
         let crr = node.api.get(Resource::Crr, "default", &name)?;
+        (crr["status"]["phase"] == "Completed").then_some(())
+    })
+    .await
+    .expect("the restart went on");
+    assert_eq!(restarts(&node.pod("web"), "app"), 1);
+}
+
+/// `--timeout` ends the following as a failure (exit 1) that says so; the
+/// restart goes on in the cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_timeout_ends_the_following_as_a_failure() {
+    let node = Node::start().await;
+    let mut app = ContainerSpec::graceful("app");
+    app.pre_stop = Some(json!({"exec": {"command": ["sleep", "4"]}}));
+    node.kubelet.run_pod(PodSpec::new("web", vec![app])).await;
+    let started = std::time::Instant::now();
+    let run = node
+        .restart(&["web", "-c", "app", "--wait", "--timeout", "1s"])
+        .await;
+    assert_eq!(run.code, 1, "{run:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        run.stdout
+            .lines()
+            .chain(run.stderr.lines())
+            .any(|l| l == "timed out after 1s; what was created goes on: kubectl get containerrecreaterequests -n default"),
+        "{run:?}"
+    );
+    support::roles::wait_for(Duration::from_secs(30), || {
+        let crr = node.crrs("default").into_iter().next()?;
         (crr["status"]["phase"] == "Completed").then_some(())
     })
     .await
@@ -1021,7 +1059,7 @@ async fn the_restart_reason_is_recorded_before_the_container_stops() {
         }
     });
     let recorded =
-        support::roles::wait_for(Duration::from_secs(10), || node.recreated.reason(&id)).await;
+        support::roles::wait_for(Duration::from_secs(10), || node.recreated.stopped(&id)).await;
     assert!(recorded.is_some(), "no record");
     let mut cri = support::client(&node.ctrd.endpoint());
     let state = support::pods::container_status(&mut cri, &id).await.state;

@@ -30,7 +30,7 @@ use super::lease::Leadership;
 use super::queue::{Next, Queue};
 use super::{AgentError, is_finished};
 use crate::crr::client::CrrClient;
-use crate::crr::{ContainerRecreateRequest, admission, labels};
+use crate::crr::{ContainerRecreateRequest, Phase, UNANSWERED, admission, labels};
 use crate::metrics::Metrics;
 use crate::telemetry::Chain;
 
@@ -48,6 +48,8 @@ pub(crate) struct Claimer {
     /// claim that cannot land while the Lease is surely held is abandoned
     /// and tried again, by whoever holds it then.
     pub(crate) timeout: Duration,
+    /// How long after its creation a claimed CRR may go unanswered.
+    pub(crate) unanswered: Duration,
 }
 
 impl Claimer {
@@ -76,6 +78,22 @@ impl Claimer {
             .reflect(writer)
             .boxed();
         let queue: Queue<Key> = Queue::default();
+        // The claims awaiting their node's answer, by when it is due; a new
+        // holder takes up those of its predecessor.
+        let answers: Queue<Key> = Queue::default();
+        let taken_over = async {
+            let claimed = format!("{},!{}", labels::NODE_NAME, labels::ACTIVE);
+            match self.crrs.list(&claimed).await {
+                Ok(crrs) => {
+                    for crr in crrs.iter().filter(|c| awaits_answer(c)) {
+                        answers.add_at(ObjectRef::from_obj(crr), self.answer_due(crr));
+                    }
+                }
+                Err(error) => {
+                    warn!(error = %Chain(&error), "cannot list the claims awaiting their node; only this holder's own are watched");
+                }
+            }
+        };
         let feed = async {
             let mut backoff = WatchBackoff::default();
             // The store shows a (re)list only once it is done.
@@ -109,7 +127,7 @@ impl Claimer {
                     .for_each_concurrent(CONCURRENCY, |key| async {
                         let next = match store.get(&key) {
                             Some(crr) if self.leadership.holds() => {
-                                tokio::time::timeout(self.timeout, self.judge(&crr)).await
+                                tokio::time::timeout(self.timeout, self.judge(&crr, &answers)).await
                             }
                             _ => Ok(Ok(Next::Done)),
                         };
@@ -130,15 +148,92 @@ impl Claimer {
                 queue.wait(next).await;
             }
         };
+        let answering = async {
+            taken_over.await;
+            loop {
+                let (ready, next) = answers.take_due();
+                futures_util::stream::iter(ready)
+                    .for_each_concurrent(CONCURRENCY, |key| async {
+                        let next = if self.leadership.holds() {
+                            tokio::time::timeout(self.timeout, self.end_unanswered(&key)).await
+                        } else {
+                            Ok(Ok(Next::Done))
+                        };
+                        let next = match next {
+                            Ok(Ok(next)) => next,
+                            Ok(Err(error)) => {
+                                warn!(error = %Chain(&error), crr = %key.name, "could not check a claim's answer; backing off");
+                                Next::Failed
+                            }
+                            Err(_) => Next::Failed,
+                        };
+                        answers.done(key, next);
+                    })
+                    .await;
+                answers.wait(next).await;
+            }
+        };
         tokio::select! {
             () = feed => warn!("watch of new CRRs ended"),
             () = work => {}
+            () = answering => {}
+        }
+    }
+
+    /// When a claimed CRR is due to have been taken up by its node.
+    fn answer_due(&self, crr: &ContainerRecreateRequest) -> tokio::time::Instant {
+        let age = crr
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map_or(0, |t| Timestamp::now().as_second() - t.0.as_second());
+        let left = i64::try_from(self.unanswered.as_secs()).unwrap_or(i64::MAX) - age;
+        tokio::time::Instant::now() + Duration::from_secs(left.max(0).unsigned_abs())
+    }
+
+    /// Ends a claimed CRR its node has not taken up in time, from a fresh
+    /// read: a node that answered meanwhile (a phase set) keeps it.
+    async fn end_unanswered(&self, key: &Key) -> Result<Next, AgentError> {
+        let namespace = key.namespace.clone().unwrap_or_default();
+        let Some(crr) = self.crrs.get(&namespace, &key.name).await? else {
+            return Ok(Next::Done);
+        };
+        if !awaits_answer(&crr) {
+            return Ok(Next::Done);
+        }
+        if self.answer_due(&crr) > tokio::time::Instant::now() {
+            return Ok(Next::After(
+                self.answer_due(&crr) - tokio::time::Instant::now(),
+            ));
+        }
+        let node = crr
+            .labels()
+            .get(labels::NODE_NAME)
+            .cloned()
+            .unwrap_or_default();
+        let mut ended = crr.clone();
+        let why = Completion::Refused(UNANSWERED.into());
+        context::mark_completed(&mut ended, &why, Time(Timestamp::now()));
+        match self.crrs.replace_status(&ended).await {
+            Ok(_) => {
+                warn!(crr = %key.name, %namespace, %node, "ended: its node did not take it up in time");
+                self.metrics.crr_unanswered();
+                Ok(Next::Done)
+            }
+            // Changed since the read (its node answered, perhaps): again.
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(Next::After(Duration::ZERO)),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(Next::Done),
+            Err(error) => Err(error.into()),
         }
     }
 
     /// Claims `crr` for its Pod's node, or ends it when there is none; a
     /// finished one (ended here before) is deleted after its TTL.
-    async fn judge(&self, crr: &ContainerRecreateRequest) -> Result<Next, AgentError> {
+    async fn judge(
+        &self,
+        crr: &ContainerRecreateRequest,
+        answers: &Queue<Key>,
+    ) -> Result<Next, AgentError> {
         if is_finished(crr) {
             return self.expire(crr).await;
         }
@@ -162,6 +257,7 @@ impl Claimer {
                 if claimed.is_ok() {
                     info!(crr = %crr.name_any(), %namespace, %node, "claimed for its Pod's node");
                     self.metrics.crr_claimed();
+                    answers.add_at(ObjectRef::from_obj(crr), self.answer_due(crr));
                 }
                 claimed.map(drop)
             }
@@ -206,4 +302,10 @@ impl Claimer {
             done => done.map(|()| Next::Done).map_err(Into::into),
         }
     }
+}
+
+/// A claimed CRR its node has not taken up yet (kruise-manager's rule: no
+/// phase, and not finished).
+fn awaits_answer(crr: &ContainerRecreateRequest) -> bool {
+    !is_finished(crr) && super::phase(crr) == Phase::New
 }

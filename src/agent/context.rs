@@ -15,7 +15,7 @@ use serde_json::json;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::{AgentError, is_finished};
+use super::{AgentError, KubeletSettings, is_finished};
 use crate::cri::RuntimeClient;
 use crate::cri::v1::{
     ContainerFilter, ContainerState, ContainerStatusRequest, ListContainersRequest, VersionRequest,
@@ -117,6 +117,8 @@ pub(crate) struct Context {
     expectations: Mutex<HashMap<String, (u64, Instant)>>,
     /// When the agent first saw each CRR (by uid), for seen-to-stopped.
     first_seen: Mutex<HashMap<String, Instant>>,
+    /// What kubelet makes of a stopped container.
+    pub(crate) kubelet: KubeletSettings,
 }
 
 impl Context {
@@ -140,7 +142,13 @@ impl Context {
             metrics,
             expectations: Mutex::new(HashMap::new()),
             first_seen: Mutex::new(HashMap::new()),
+            kubelet: KubeletSettings::default(),
         }
+    }
+
+    pub(crate) fn with_kubelet(mut self, kubelet: KubeletSettings) -> Self {
+        self.kubelet = kubelet;
+        self
     }
 
     // --- the runtime ---

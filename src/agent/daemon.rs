@@ -16,10 +16,11 @@ use tracing::{Instrument, info, info_span, warn};
 use super::context::{Completion, Context, EXPECTATION_WAIT};
 use super::manager::Manager;
 use super::queue::Next;
+use super::restarts;
 use super::{AgentError, PodKey, is_finished, phase};
-use crate::crr::state::{self, Candidate, PassEnd};
+use crate::crr::state::{self, Candidate, NotKilled, PassEnd};
 use crate::crr::{ContainerRecreateRequest, Phase, labels};
-use crate::kill::{HookResult, KillError, KillRequest, OnStopping};
+use crate::kill::{HookResult, KillError, KillRequest, OnStopping, StateAfter};
 use crate::telemetry::Chain;
 
 /// Why a container of a CRR could not be killed; its text goes into the
@@ -181,8 +182,9 @@ impl Daemon<'_> {
         crr: &ContainerRecreateRequest,
         runtime_id: Option<String>,
         name: String,
-    ) -> impl Future<Output = Result<(), KillFailure>> + use<'_> {
-        let ctx = self.ctx;
+    ) -> impl Future<Output = Result<(), NotKilled<KillFailure>>> + use<'_> {
+        let (ctx, manager) = (self.ctx, self.manager);
+        let pod_key = super::pod_key(crr);
         let crr_key = format!("{}/{}", crr.namespace().unwrap_or_default(), crr.name_any());
         let crr_uid = crr.uid();
         let seen = ctx.first_seen(crr);
@@ -209,7 +211,12 @@ impl Daemon<'_> {
             let id = runtime_id
                 .as_deref()
                 .and_then(|id| id.split_once("://").map(|(_, id)| id.to_owned()))
-                .ok_or_else(|| KillFailure::NoContainer(name.clone()))?;
+                .ok_or_else(|| NotKilled::Failed(KillFailure::NoContainer(name.clone())))?;
+            // Only a container kubelet will start again is stopped; where
+            // only some exit codes restart it, the proxy reports one.
+            let spec_of_pod = manager.pod_spec(ctx, &pod_key).await;
+            let rewrite = restarts::decide(&ctx.kubelet, spec_of_pod.as_ref(), &name)
+                .map_err(NotKilled::Refused)?;
             // A kill that began before a restart (its hook perhaps cut short)
             // goes straight to StopContainer: the hook runs at most once.
             let kills = &ctx.records.kills;
@@ -252,7 +259,7 @@ impl Daemon<'_> {
                         crr_key.clone(),
                     );
                     Arc::new(move || {
-                        if let Err(error) = recreated.record(&id, &crr_key) {
+                        if let Err(error) = recreated.record(&id, &crr_key, rewrite) {
                             warn!(error = %Chain(&error), "the restart reason will not survive a restart");
                         }
                     })
@@ -260,15 +267,13 @@ impl Daemon<'_> {
             };
             ctx.event(&reference, EventType::Normal, "Killing", message)
                 .await;
-            let outcome =
-                ctx.killer
-                    .kill(&id, request)
-                    .await
-                    .map_err(|error| KillFailure::Kill {
-                        id: id.clone(),
-                        name: name.clone(),
-                        error,
-                    })?;
+            let outcome = ctx.killer.kill(&id, request).await.map_err(|error| {
+                NotKilled::Failed(KillFailure::Kill {
+                    id: id.clone(),
+                    name: name.clone(),
+                    error,
+                })
+            })?;
             if let Some(hook) = &outcome.hook {
                 if let HookResult::Failed(text) = &hook.result {
                     let note = text.replace(&id, &name);
@@ -292,6 +297,15 @@ impl Daemon<'_> {
                 && let Some(seen) = seen
             {
                 ctx.metrics.container_stopped(seen.elapsed());
+            }
+            if let (Some(rewrite), StateAfter::Exited { exit_code, .. }) = (rewrite, &outcome.after)
+                && let Some(reported) = rewrite.code_for(*exit_code)
+            {
+                let note = format!(
+                    "Container {name} exited with code {exit_code}, which its restart policy does not restart; kubelet is told {reported}"
+                );
+                ctx.event(&reference, EventType::Normal, "ExitCodeReported", note)
+                    .await;
             }
             info!(container = %name, after = ?outcome.after, "container killed");
             Ok(())

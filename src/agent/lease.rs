@@ -43,6 +43,9 @@ pub struct LeaseSettings {
     pub duration: Duration,
     /// How often the holder renews; less than `duration`.
     pub renew_period: Duration,
+    /// How long after its creation a claimed CRR may go unanswered by its
+    /// node before the holder ends it (kruise-manager's `responseTimeout`).
+    pub unanswered: Duration,
 }
 
 impl Default for LeaseSettings {
@@ -52,9 +55,13 @@ impl Default for LeaseSettings {
             namespace: "kube-system".into(),
             duration: Duration::from_secs(15),
             renew_period: Duration::from_secs(5),
+            unanswered: UNANSWERED,
         }
     }
 }
+
+/// kruise-manager's `responseTimeout`.
+pub const UNANSWERED: Duration = Duration::from_secs(60);
 
 /// Whether this node holds the Lease, as the elector last knew it.
 #[derive(Clone, Debug)]

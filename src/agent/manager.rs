@@ -6,8 +6,10 @@
 
 use std::collections::HashMap;
 
+use k8s_openapi::api::core::v1::{Pod, PodSpec};
+use kube::Api;
 use kube::runtime::reflector::Store;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::context::Context;
 use super::queue::Next;
@@ -15,6 +17,7 @@ use super::standalone;
 use super::{AgentError, Mode, PodKey};
 use crate::crr::client::CrrClient;
 use crate::crr::{ContainerRecreateRequest, SyncContainerStatus};
+use crate::telemetry::Chain;
 
 pub(crate) enum Manager {
     /// kruise-manager and its webhook do it.
@@ -94,6 +97,25 @@ impl Manager {
                 .map(|s| (s.name.clone(), s))
                 .collect(),
             Manager::Standalone(parts) => parts.sync_statuses(&super::pod_key(crr)),
+        }
+    }
+
+    /// The Pod's spec, for its restart rules: from standalone's cache, or
+    /// in kruise mode read once per kill (kruise-daemon watches no Pods).
+    /// `None` when it cannot be read: the kill goes ahead as before.
+    pub(crate) async fn pod_spec(&self, ctx: &Context, key: &PodKey) -> Option<PodSpec> {
+        match self {
+            Manager::Standalone(parts) => parts.pod_spec(key),
+            Manager::Kruise => {
+                let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &key.namespace);
+                match pods.get_opt(&key.pod).await {
+                    Ok(pod) => pod.and_then(|p| p.spec),
+                    Err(error) => {
+                        warn!(error = %Chain(&error), pod = %key.pod, "cannot read the Pod's restart policy; stopping its container regardless");
+                        None
+                    }
+                }
+            }
         }
     }
 }

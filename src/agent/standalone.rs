@@ -196,6 +196,10 @@ impl Parts {
             .get(&ObjectRef::new(&key.pod).within(&key.namespace))
     }
 
+    pub(crate) fn pod_spec(&self, key: &PodKey) -> Option<k8s_openapi::api::core::v1::PodSpec> {
+        self.pod(key)?.spec.clone()
+    }
+
     fn of_pod(
         store: &Store<ContainerRecreateRequest>,
         key: &PodKey,

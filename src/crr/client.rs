@@ -5,7 +5,9 @@
 
 use futures_util::{Stream, TryStreamExt};
 use kube::ResourceExt;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+};
 use kube::runtime::watcher;
 use serde_json::Value;
 use tracing::warn;
@@ -145,6 +147,21 @@ impl CrrClient {
             ..PostParams::default()
         };
         parse_object(self.namespaced(namespace).create(&params, &body).await?)
+    }
+
+    /// The CRRs matching `selector`, in every namespace (one LIST, paged).
+    pub async fn list(&self, selector: &str) -> Result<Vec<ContainerRecreateRequest>, kube::Error> {
+        let api = Api::<DynamicObject>::all_with(self.client.clone(), &self.version.api_resource());
+        let mut params = ListParams::default().labels(selector).limit(500);
+        let mut found = Vec::new();
+        loop {
+            let page = api.list(&params).await?;
+            found.extend(page.items.into_iter().filter_map(parse));
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => params = params.continue_token(&token),
+                None => return Ok(found),
+            }
+        }
     }
 
     pub async fn get(

@@ -129,9 +129,19 @@ pub enum PassEnd {
     Wait,
 }
 
+/// Why a container was not killed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotKilled<E> {
+    /// The kill failed: kruise's `kill container error: <error>`.
+    Failed(E),
+    /// Not tried, since the container would not come back: the message.
+    Refused(String),
+}
+
 /// Steps F to I: walks the states in order, kills at most one container
 /// (more only when kills fail under `failurePolicy: Ignore`), and says how
-/// the pass ends. `kill` gets the container name and returns the error text.
+/// the pass ends. `kill` gets the container name and says why it did not
+/// kill it.
 pub async fn kill_pass<K, F, E>(
     states: &[ContainerRecreateState],
     strategy: &ContainerRecreateRequestStrategy,
@@ -140,7 +150,7 @@ pub async fn kill_pass<K, F, E>(
 ) -> PassEnd
 where
     K: FnMut(String) -> F,
-    F: Future<Output = Result<(), E>>,
+    F: Future<Output = Result<(), NotKilled<E>>>,
     E: std::fmt::Display,
 {
     let ignore = strategy.failure_policy == Some(FailurePolicy::Ignore);
@@ -171,9 +181,12 @@ where
                         next[i].phase = Phase::Recreating;
                         break;
                     }
-                    Err(error) => {
+                    Err(why) => {
                         next[i].phase = Phase::Failed;
-                        next[i].message = format!("kill container error: {error}");
+                        next[i].message = match why {
+                            NotKilled::Failed(error) => format!("kill container error: {error}"),
+                            NotKilled::Refused(message) => message,
+                        };
                         if !ignore {
                             return PassEnd::Patch(next);
                         }

@@ -400,7 +400,7 @@ pub(crate) fn fuzz(data: &[u8]) {
 /// `fuzz`), the runtime's end included.
 fn feed(data: &[u8]) -> (Vec<u8>, Vec<u8>) {
     let recreated = Arc::new(Recreated::in_memory());
-    if let Err(error) = recreated.record("abc", "fuzz/crr") {
+    if let Err(error) = recreated.record("abc", "fuzz/crr", None) {
         unreachable!("an in-memory record cannot fail: {error}");
     }
     let endpoint = Endpoint::from_path("/fuzz.sock");

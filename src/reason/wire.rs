@@ -1,5 +1,6 @@
-//! Edits `reason` and `message` of CRI `ContainerStatus` messages in place,
-//! at the protobuf wire level.
+//! Edits `reason`, `message` and, where the restart rules ask for it,
+//! `exit_code` of CRI `ContainerStatus` messages in place, at the protobuf
+//! wire level.
 //!
 //! Decoding into our generated types and encoding again would drop the
 //! fields our proto does not know (a newer runtime's) and could reorder the
@@ -12,11 +13,13 @@
 use std::ops::Range;
 
 use crate::cri::Method;
+use crate::restart_rules::Rewrite;
 
 /// CRI v1 field numbers (runtime/v1/api.proto).
 mod field {
     pub const STATUS_ID: u32 = 1;
     pub const STATUS_STATE: u32 = 3;
+    pub const STATUS_EXIT_CODE: u32 = 7;
     pub const STATUS_REASON: u32 = 10;
     pub const STATUS_MESSAGE: u32 = 11;
     /// `ContainerStatusResponse.status`.
@@ -69,13 +72,22 @@ impl StatusResponse {
     }
 }
 
-/// The new reason and message for an exited container, by ID.
-pub trait Lookup {
-    fn reason(&self, container_id: &str) -> Option<(String, String)>;
+/// What kubelet is told of an exited container crr-proxy stopped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stopped {
+    pub reason: String,
+    pub message: String,
+    /// The exit code to report when the real one would keep it down.
+    pub rewrite: Option<Rewrite>,
 }
 
-impl<F: Fn(&str) -> Option<(String, String)>> Lookup for F {
-    fn reason(&self, container_id: &str) -> Option<(String, String)> {
+/// What to tell kubelet of an exited container, by ID.
+pub trait Lookup {
+    fn stopped(&self, container_id: &str) -> Option<Stopped>;
+}
+
+impl<F: Fn(&str) -> Option<Stopped>> Lookup for F {
+    fn stopped(&self, container_id: &str) -> Option<Stopped> {
         self(container_id)
     }
 }
@@ -105,7 +117,8 @@ pub fn edit_response(kind: StatusResponse, message: &[u8], lookup: &dyn Lookup) 
 }
 
 /// One `ContainerStatus`, edited when it is an exited container `lookup`
-/// knows and its reason or message differ.
+/// knows and its reason, message or exit code differ from what kubelet is
+/// to be told.
 fn edit_status(status: &[u8], lookup: &dyn Lookup) -> Option<Vec<u8>> {
     let fields = parse(status)?;
     // Repeated scalars: the last one wins, as in every protobuf decoder.
@@ -115,18 +128,31 @@ fn edit_status(status: &[u8], lookup: &dyn Lookup) -> Option<Vec<u8>> {
             .rev()
             .find(|f| f.number == number && f.wire_type == wire_type)
     };
-    let state = match last(field::STATUS_STATE, VARINT) {
-        Some(f) => varint(status, &mut { f.value.start })?,
-        None => 0,
+    let int = |number: u32| match last(number, VARINT) {
+        Some(f) => varint(status, &mut { f.value.start }),
+        None => Some(0),
     };
-    if state != CONTAINER_EXITED {
+    if int(field::STATUS_STATE)? != CONTAINER_EXITED {
         return None;
     }
     let id = std::str::from_utf8(&status[last(field::STATUS_ID, LEN)?.value.clone()]).ok()?;
-    let (reason, message) = lookup.reason(id)?;
+    let Stopped {
+        reason,
+        mut message,
+        rewrite,
+    } = lookup.stopped(id)?;
+    // int32 on the wire: a negative value is sign-extended to 64 bits.
+    let real = int(field::STATUS_EXIT_CODE)? as u32 as i32;
+    let exit_code = rewrite.and_then(|r| r.code_for(real));
+    if let Some(code) = exit_code {
+        message = format!(
+            "{message} (exit code {real}, reported as {code} so that kubelet starts it again)"
+        );
+    }
     let current = |number: u32| last(number, LEN).map_or(&[][..], |f| &status[f.value.clone()]);
     if current(field::STATUS_REASON) == reason.as_bytes()
         && current(field::STATUS_MESSAGE) == message.as_bytes()
+        && exit_code.is_none()
     {
         return None;
     }
@@ -135,19 +161,23 @@ fn edit_status(status: &[u8], lookup: &dyn Lookup) -> Option<Vec<u8>> {
     let mut copied = 0;
     let (mut wrote_reason, mut wrote_message) = (false, false);
     for f in &fields {
-        let new = match (f.number, f.wire_type) {
+        match (f.number, f.wire_type) {
             (field::STATUS_REASON, LEN) => {
                 wrote_reason = true;
-                &reason
+                out.extend_from_slice(&status[copied..f.tag_end]);
+                put_len(&mut out, reason.as_bytes());
             }
             (field::STATUS_MESSAGE, LEN) => {
                 wrote_message = true;
-                &message
+                out.extend_from_slice(&status[copied..f.tag_end]);
+                put_len(&mut out, message.as_bytes());
+            }
+            // Dropped here, written once at the end (last one wins).
+            (field::STATUS_EXIT_CODE, VARINT) if exit_code.is_some() => {
+                out.extend_from_slice(&status[copied..f.start]);
             }
             _ => continue,
-        };
-        out.extend_from_slice(&status[copied..f.tag_end]);
-        put_len(&mut out, new.as_bytes());
+        }
         copied = f.end;
     }
     out.extend_from_slice(&status[copied..]);
@@ -161,6 +191,10 @@ fn edit_status(status: &[u8], lookup: &dyn Lookup) -> Option<Vec<u8>> {
             put_len(&mut out, value.as_bytes());
         }
     }
+    if let Some(code) = exit_code {
+        put_varint(&mut out, u64::from(field::STATUS_EXIT_CODE << 3));
+        put_varint(&mut out, i64::from(code) as u64);
+    }
     Some(out)
 }
 
@@ -169,6 +203,8 @@ fn edit_status(status: &[u8], lookup: &dyn Lookup) -> Option<Vec<u8>> {
 struct Field {
     number: u32,
     wire_type: u8,
+    /// Where its tag begins.
+    start: usize,
     /// End of the tag (a LEN field's length follows it).
     tag_end: usize,
     /// The value: the payload of a LEN field, the encoded value otherwise.
@@ -181,6 +217,7 @@ fn parse(message: &[u8]) -> Option<Vec<Field>> {
     let mut fields = Vec::new();
     let mut pos = 0;
     while pos < message.len() {
+        let start = pos;
         let tag = varint(message, &mut pos)?;
         let number = u32::try_from(tag >> 3).ok().filter(|n| *n != 0)?;
         let wire_type = u8::try_from(tag & 7).ok()?;
@@ -207,6 +244,7 @@ fn parse(message: &[u8]) -> Option<Vec<Field>> {
         fields.push(Field {
             number,
             wire_type,
+            start,
             tag_end,
             value,
             end: pos,
@@ -257,12 +295,11 @@ mod tests {
 
     const REASON: &str = "ContainerRecreateRequest";
 
-    fn lookup(id: &str) -> Option<(String, String)> {
-        (id == "stopped").then(|| {
-            (
-                REASON.to_owned(),
-                "recreated by ContainerRecreateRequest ns/crr".to_owned(),
-            )
+    fn lookup(id: &str) -> Option<Stopped> {
+        (id == "stopped").then(|| Stopped {
+            reason: REASON.to_owned(),
+            message: "recreated by ContainerRecreateRequest ns/crr".to_owned(),
+            rewrite: None,
         })
     }
 
@@ -388,5 +425,91 @@ mod tests {
         let decoded = PodSandboxStatusResponse::decode(&edited[..]).unwrap();
         assert_eq!(decoded.containers_statuses[0].reason, REASON);
         assert_eq!(decoded.containers_statuses[1].reason, "Completed");
+    }
+
+    /// Under `OnFailure` a clean exit would keep the container down: kubelet
+    /// reads 143, and the message keeps the real code.
+    #[test]
+    fn an_exit_code_that_keeps_it_down_is_reported_as_one_that_does_not() {
+        let rewrite =
+            Rewrite::from_word(&format!("143:fffffffffffffffe{}", "f".repeat(48))).unwrap();
+        let rewriting = move |id: &str| {
+            lookup(id).map(|stopped| Stopped {
+                rewrite: Some(rewrite),
+                ..stopped
+            })
+        };
+        for (real, reported, message) in [
+            (
+                0,
+                143,
+                "recreated by ContainerRecreateRequest ns/crr (exit code 0, reported as 143 so that kubelet starts it again)",
+            ),
+            (1, 1, "recreated by ContainerRecreateRequest ns/crr"),
+            (2, 2, "recreated by ContainerRecreateRequest ns/crr"),
+            // Outside 0 to 255 nothing is known of it: a code that restarts.
+            (
+                -1,
+                143,
+                "recreated by ContainerRecreateRequest ns/crr (exit code -1, reported as 143 so that kubelet starts it again)",
+            ),
+        ] {
+            let mut exited = status("stopped", ContainerState::ContainerExited, "Completed");
+            exited.exit_code = real;
+            let mut bytes = exited.encode_to_vec();
+            // An unknown field after the status's own survives the edit.
+            bytes.extend_from_slice(&[0x98, 0x01, 0x13]);
+            let response = {
+                let mut out = Vec::new();
+                put_varint(&mut out, 1 << 3 | 2);
+                put_len(&mut out, &bytes);
+                out
+            };
+            let edited =
+                edit_response(StatusResponse::ContainerStatus, &response, &rewriting).unwrap();
+            let got = ContainerStatusResponse::decode(&edited[..])
+                .unwrap()
+                .status
+                .unwrap();
+            assert_eq!((got.exit_code, got.message.as_str()), (reported, message));
+            assert_eq!(got.reason, REASON);
+            let fields = parse(&edited[parse(&edited).unwrap()[0].value.clone()]).unwrap();
+            assert_eq!(fields.iter().filter(|f| f.number == 7).count(), 1);
+            assert!(
+                fields.iter().any(|f| f.number == 19),
+                "the unknown field is kept"
+            );
+        }
+        // The same code wherever kubelet reads it: PodSandboxStatus and
+        // GetContainerEvents carry the statuses in fields 3 and 5.
+        for (kind, number) in [
+            (StatusResponse::PodSandboxStatus, 3u32),
+            (StatusResponse::ContainerEvent, 5),
+        ] {
+            let mut exited = status("stopped", ContainerState::ContainerExited, "Completed");
+            exited.exit_code = 0;
+            let mut response = Vec::new();
+            put_varint(&mut response, u64::from(number << 3 | 2));
+            put_len(&mut response, &exited.encode_to_vec());
+            let edited = edit_response(kind, &response, &rewriting).unwrap();
+            let inner = &edited[parse(&edited).unwrap()[0].value.clone()];
+            let got = ContainerStatus::decode(inner).unwrap();
+            assert_eq!(got.exit_code, 143, "{kind:?}");
+        }
+        // Without a rewrite, a clean exit stays 0.
+        let bytes = ContainerStatusResponse {
+            status: Some(ContainerStatus {
+                exit_code: 0,
+                ..status("stopped", ContainerState::ContainerExited, "Completed")
+            }),
+            info: Default::default(),
+        }
+        .encode_to_vec();
+        let edited = edit_response(StatusResponse::ContainerStatus, &bytes, &lookup).unwrap();
+        let got = ContainerStatusResponse::decode(&edited[..])
+            .unwrap()
+            .status
+            .unwrap();
+        assert_eq!(got.exit_code, 0);
     }
 }

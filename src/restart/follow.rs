@@ -8,7 +8,9 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 
-use crate::crr::{ContainerRecreateRequest, Phase};
+use kube::ResourceExt;
+
+use crate::crr::{ContainerRecreateRequest, Phase, UNANSWERED, labels};
 
 /// A container of the Pod, as its status shows it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -155,6 +157,15 @@ impl Tracker {
         let status = crr.status.as_ref()?;
         if status.phase != Phase::Completed || status.completion_time.is_none() {
             return None;
+        }
+        if status.message == UNANSWERED {
+            let node = crr
+                .labels()
+                .get(labels::NODE_NAME)
+                .map_or("", String::as_str);
+            return Some(Outcome::Failed(format!(
+                "node {node} never took it up (is crr-proxy running there?): {UNANSWERED}"
+            )));
         }
         if !status.message.is_empty() {
             return Some(Outcome::Failed(status.message.clone()));
@@ -418,6 +429,23 @@ mod tests {
         assert_eq!(
             tracker.outcome(&done),
             Some(Outcome::Failed("preStop hook failed: exit 3".into()))
+        );
+    }
+
+    #[test]
+    fn a_crr_no_node_took_up_fails_naming_the_node() {
+        let mut unanswered = crr(
+            json!({"phase": "Completed", "completionTime": "2026-12-01T00:00:00Z",
+            "message": UNANSWERED}),
+        );
+        unanswered
+            .labels_mut()
+            .insert(labels::NODE_NAME.into(), "node-7".into());
+        assert_eq!(
+            Tracker::default().outcome(&unanswered),
+            Some(Outcome::Failed(
+                "node node-7 never took it up (is crr-proxy running there?): daemon has not responded for a long time".into()
+            ))
         );
     }
 }

@@ -149,7 +149,9 @@ pub fn budgets_over(seen: &Seen, pods: &[&Pod]) -> Vec<Budget> {
                 .is_some_and(|(seen, generation)| seen >= generation);
             Budget {
                 name: b.name_any(),
-                allowed: status.filter(|_| current).map(|s| s.disruptions_allowed),
+                allowed: status
+                    .filter(|_| current)
+                    .and_then(|s| s.disruptions_allowed),
             }
         })
         .collect()

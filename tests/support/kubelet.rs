@@ -14,6 +14,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crr_proxy::cri::RuntimeClient;
@@ -66,14 +67,64 @@ impl RestartPolicy {
             RestartPolicy::Never => "Never",
         }
     }
+}
 
-    /// kubelet's `ShouldContainerBeRestarted` for an exited container.
-    fn restarts(self, exit_code: i32) -> bool {
-        match self {
-            RestartPolicy::Always => true,
-            RestartPolicy::OnFailure => exit_code != 0,
-            RestartPolicy::Never => false,
+/// What kubelet does with an exited regular container.
+#[derive(Debug, PartialEq, Eq)]
+enum AfterExit {
+    Restart,
+    StayDown,
+    /// A `RestartAllContainers` rule matched (KEP-5532).
+    RestartAll,
+}
+
+/// kubelet's decision for an exited regular container, written apart from
+/// crr-proxy's: `ShouldContainerBeRestarted` (pkg/kubelet/container/
+/// helpers.go) which, with feature gate ContainerRestartRules on, is
+/// `ContainerShouldRestart` (pkg/api/v1/pod/util.go): the container's first
+/// matching rule if its action is Restart, else the container's policy,
+/// and without one the Pod's; a matching RestartAllContainers rule resets
+/// the whole Pod (kuberuntime_manager.go, computePodActions).
+fn after_exit(
+    pod_policy: RestartPolicy,
+    container: &Value,
+    exit_code: i32,
+    rules_gate: bool,
+) -> AfterExit {
+    let by_policy = |policy: &str| match policy {
+        "Always" => true,
+        "OnFailure" => exit_code != 0,
+        _ => false,
+    };
+    let restart = match container["restartPolicy"].as_str() {
+        Some(own) if rules_gate => {
+            let matched = container["restartPolicyRules"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|rule| {
+                    let codes = &rule["exitCodes"];
+                    let listed = codes["values"].as_array().is_some_and(|v| {
+                        v.iter().any(|c| c.as_i64() == Some(i64::from(exit_code)))
+                    });
+                    match codes["operator"].as_str() {
+                        Some("In") => listed,
+                        Some("NotIn") => !listed,
+                        _ => false,
+                    }
+                });
+            match matched.and_then(|rule| rule["action"].as_str()) {
+                Some("RestartAllContainers") => return AfterExit::RestartAll,
+                Some("Restart") => true,
+                _ => by_policy(own),
+            }
         }
+        _ => by_policy(pod_policy.as_str()),
+    };
+    if restart {
+        AfterExit::Restart
+    } else {
+        AfterExit::StayDown
     }
 }
 
@@ -91,6 +142,9 @@ pub struct ContainerSpec {
     pub post_start: Duration,
     /// A host directory mounted at `/shared` (hooks leave traces there).
     pub shared: Option<PathBuf>,
+    /// The container's own `restartPolicy` and `restartPolicyRules`
+    /// (Kubernetes 1.34+), merged into its spec.
+    pub restart: Value,
 }
 
 impl ContainerSpec {
@@ -108,7 +162,15 @@ impl ContainerSpec {
             pre_stop: None,
             post_start: Duration::ZERO,
             shared: None,
+            restart: json!({}),
         }
+    }
+
+    /// A container that exits with `code` on SIGTERM.
+    pub fn exiting_with(name: &str, code: u8) -> Self {
+        let mut spec = Self::graceful(name);
+        spec.command[2] = format!("trap 'exit {code}' TERM; while :; do sleep 0.1; done");
+        spec
     }
 }
 
@@ -173,7 +235,15 @@ pub struct Kubelet {
     log_dir: PathBuf,
     pods: Arc<tokio::sync::Mutex<Vec<PodRun>>>,
     backoff: Arc<std::sync::Mutex<CrashLoopBackOff>>,
+    rules: Arc<RestartRules>,
     task: JoinHandle<()>,
+}
+
+/// How this kubelet reads restart rules.
+struct RestartRules {
+    /// Feature gate ContainerRestartRules (on by default since 1.35).
+    gate: bool,
+    restarted_all: AtomicUsize,
 }
 
 impl Kubelet {
@@ -191,9 +261,14 @@ impl Kubelet {
         );
         let pods: Arc<tokio::sync::Mutex<Vec<PodRun>>> = Arc::default();
         let backoff = Arc::new(std::sync::Mutex::new(CrashLoopBackOff::default()));
+        let rules = Arc::new(RestartRules {
+            gate: true,
+            restarted_all: AtomicUsize::new(0),
+        });
         let task = tokio::spawn({
             let (api, cri, pods) = (api.clone(), cri.clone(), Arc::clone(&pods));
             let backoff = Arc::clone(&backoff);
+            let rules = Arc::clone(&rules);
             async move {
                 let mut tick = 0u64;
                 loop {
@@ -209,7 +284,7 @@ impl Kubelet {
                                 gone.push(i);
                                 continue;
                             }
-                            restart_exited(&cri, pod, backoff).await;
+                            restart_exited(&cri, pod, backoff, &rules).await;
                             report(&api, pod);
                         }
                         for i in gone.into_iter().rev() {
@@ -228,8 +303,14 @@ impl Kubelet {
             log_dir,
             pods,
             backoff,
+            rules,
             task,
         }
+    }
+
+    /// How often a RestartAllContainers rule reset a Pod of this node.
+    pub fn pods_restarted_whole(&self) -> usize {
+        self.rules.restarted_all.load(Ordering::SeqCst)
     }
 
     /// Sets the node's CrashLoopBackOff (kubelet's defaults until then).
@@ -247,6 +328,7 @@ impl Kubelet {
                 if let Some(pre_stop) = &c.pre_stop {
                     container["lifecycle"] = json!({"preStop": pre_stop});
                 }
+                super::apiserver::merge_patch(&mut container, &c.restart);
                 container
             })
             .collect();
@@ -382,7 +464,12 @@ async fn start(
 
 /// kubelet's restart: an exited container is started again, attempt + 1,
 /// if the restart policy says so and CrashLoopBackOff lets it.
-async fn restart_exited(cri: &RuntimeClient, pod: &mut PodRun, backoff: CrashLoopBackOff) {
+async fn restart_exited(
+    cri: &RuntimeClient,
+    pod: &mut PodRun,
+    backoff: CrashLoopBackOff,
+    rules: &RestartRules,
+) {
     for i in 0..pod.containers.len() {
         let mut client = cri.clone();
         // Every sync reads the dead instance again, as kubelet's
@@ -414,8 +501,22 @@ async fn restart_exited(cri: &RuntimeClient, pod: &mut PodRun, backoff: CrashLoo
             continue;
         }
         pod.containers[i].exited = Some(terminated(&status));
-        if !pod.spec.restart_policy.restarts(status.exit_code) {
-            continue;
+        let spec = &pod.containers[i].spec.restart;
+        match after_exit(pod.spec.restart_policy, spec, status.exit_code, rules.gate) {
+            AfterExit::StayDown => continue,
+            AfterExit::Restart => {}
+            AfterExit::RestartAll => {
+                // The whole Pod is reset, without preStop hooks or grace.
+                rules.restarted_all.fetch_add(1, Ordering::SeqCst);
+                for other in &pod.containers {
+                    let _ = client
+                        .stop_container(StopContainerRequest {
+                            container_id: other.id.clone(),
+                            timeout: 0,
+                        })
+                        .await;
+                }
+            }
         }
         // doBackOff: held while the delay since the exit has not passed.
         let now = unix_nanos();

@@ -270,12 +270,12 @@ fn d_looks_at_the_newest_container_of_each_name_and_keeps_spec_order() {
 // --- steps F to I ---
 
 struct Kills {
-    results: RefCell<Vec<Result<(), String>>>,
+    results: RefCell<Vec<Result<(), NotKilled<String>>>>,
     calls: RefCell<Vec<String>>,
 }
 
 impl Kills {
-    fn new(results: Vec<Result<(), String>>) -> Self {
+    fn new(results: Vec<Result<(), NotKilled<String>>>) -> Self {
         Self {
             results: RefCell::new(results),
             calls: RefCell::new(vec![]),
@@ -399,7 +399,7 @@ async fn f_a_pending_container_missing_from_the_node_stops_the_pass() {
 #[tokio::test]
 async fn f_a_failed_kill_fails_the_container() {
     // failurePolicy Fail: patch at once, the next pass completes.
-    let kills = Kills::new(vec![Err("boom".into())]);
+    let kills = Kills::new(vec![Err(NotKilled::Failed("boom".into()))]);
     let states = [
         st("a", Phase::Pending, "", false),
         st("b", Phase::Pending, "", false),
@@ -413,7 +413,7 @@ async fn f_a_failed_kill_fails_the_container() {
         ])
     );
     // failurePolicy Ignore: go on and kill the next one in the same pass.
-    let kills = Kills::new(vec![Err("boom".into()), Ok(())]);
+    let kills = Kills::new(vec![Err(NotKilled::Failed("boom".into())), Ok(())]);
     let end = kills.run(&states, ignore(), &["a", "b"]).await;
     assert_eq!(kills.calls(), ["a", "b"]);
     assert_eq!(
@@ -539,4 +539,16 @@ fn pick_stops_at_a_crr_whose_cache_lags_our_write() {
     assert_eq!(got.picked.as_deref(), Some("recreating"));
     assert!(got.set_pending.is_empty(), "{got:?}");
     assert_eq!(pick(&crrs, |name| name != "recreating"), Pick::default());
+}
+
+#[tokio::test]
+async fn f_a_refused_kill_fails_the_container_with_its_own_message() {
+    let why = "not recreated: app would not be started again: the Pod's restartPolicy is Never";
+    let kills = Kills::new(vec![Err(NotKilled::Refused(why.into()))]);
+    let states = [st("a", Phase::Pending, "", false)];
+    let end = kills.run(&states, Default::default(), &["a"]).await;
+    assert_eq!(
+        end,
+        PassEnd::Patch(vec![st("a", Phase::Failed, why, false)])
+    );
 }
