@@ -298,6 +298,7 @@ pub async fn run(
         };
         let (manager, streams) = Manager::new(mode, &client, &crrs, &node_name);
         let recorder = Recorder::new(client.clone(), reporter);
+        let claim_events = recorder.clone();
         let records = KillRecords {
             recreated: Arc::clone(&recreated),
             kills: Arc::clone(&kills),
@@ -340,6 +341,7 @@ pub async fn run(
                 leadership: leadership.clone(),
                 timeout: lease.renew_period,
                 unanswered: lease.unanswered,
+                recorder: claim_events,
             };
             followers.push(tokio::spawn(claimer.run()));
         }

@@ -36,6 +36,39 @@ pub fn crd() -> Result<CustomResourceDefinition, CrdError> {
     let mut crd = kube::core::crd::merge_crds(versions, v1beta1::VERSION)?;
     // In OpenKruise's order.
     crd.spec.versions.sort_by(|a, b| a.name.cmp(&b.name));
+    // v1alpha1's spec is judged as v1beta1's (its minimums and enums): a
+    // CRR that v1beta1 refuses is refused at create in either version,
+    // rather than stored and then refused at every later write. The only
+    // difference from OpenKruise's v1alpha1 schema.
+    let spec_of = |crd: &CustomResourceDefinition, version: &str| {
+        crd.spec
+            .versions
+            .iter()
+            .find(|v| v.name == version)
+            .and_then(|v| {
+                v.schema
+                    .as_ref()?
+                    .open_api_v3_schema
+                    .as_ref()?
+                    .properties
+                    .as_ref()?
+                    .get("spec")
+            })
+            .cloned()
+    };
+    if let Some(strict) = spec_of(&crd, v1beta1::VERSION) {
+        let alpha = crd.spec.versions.iter_mut().find(|v| v.name == VERSION);
+        if let Some(properties) = alpha.and_then(|v| {
+            v.schema
+                .as_mut()?
+                .open_api_v3_schema
+                .as_mut()?
+                .properties
+                .as_mut()
+        }) {
+            properties.insert("spec".into(), strict);
+        }
+    }
     Ok(crd)
 }
 
@@ -406,6 +439,10 @@ mod tests {
         serde_json::to_value(&version.schema.as_ref().unwrap().open_api_v3_schema).unwrap()
     }
 
+    /// crr-proxy's CRD judges a v1alpha1 spec as v1beta1's, so that what
+    /// v1beta1 refuses is refused at create in either version (kruise's
+    /// v1alpha1 schema has none of these checks); the status schemas keep
+    /// their versions' differences.
     #[test]
     fn v1beta1s_schema_adds_minimums_enums_and_the_two_status_fields() {
         let beta = schema(v1beta1::VERSION);
@@ -426,12 +463,16 @@ mod tests {
                 "{field}: {:?}",
                 beta.pointer(&format!("{spec}{field}"))
             );
-            assert!(alpha.pointer(&pointer).is_none(), "{field}");
+            assert_eq!(alpha.pointer(&pointer), beta.pointer(&pointer), "{field}");
         }
-        assert_eq!(
-            beta.pointer(&format!("{spec}/strategy/properties/failurePolicy/enum")),
-            Some(&json!(["Fail", "Ignore"]))
-        );
+        for version in [&beta, &alpha] {
+            assert_eq!(
+                version.pointer(&format!("{spec}/strategy/properties/failurePolicy/enum")),
+                Some(&json!(["Fail", "Ignore"]))
+            );
+        }
+        assert!(alpha.pointer(&format!("{status}/phase/enum")).is_none());
+        assert!(alpha.pointer(&format!("{status}/conditions")).is_none());
         let phases = json!(["Pending", "Recreating", "Succeeded", "Failed", "Completed"]);
         assert_eq!(beta.pointer(&format!("{status}/phase/enum")), Some(&phases));
         assert_eq!(

@@ -158,6 +158,12 @@ impl fmt::Display for StaysDown {
 /// by SIGTERM or SIGKILL reports, then a plain failure; then any other.
 const PREFERRED: [u8; 3] = [143, 137, 1];
 
+/// A native sidecar: an init container with `restartPolicy: Always`, which
+/// runs beside the others and is started again whenever it exits.
+pub fn is_sidecar(container: &Container) -> bool {
+    container.restart_policy.as_deref() == Some("Always")
+}
+
 /// What stopping `name` of `pod` leads to, on a node whose kubelet reads
 /// what `kubelet` says. A code that matches a `RestartAllContainers` rule
 /// counts as one that keeps it down: kubelet would restart the whole Pod.
@@ -171,7 +177,7 @@ pub fn plan(pod: &PodSpec, name: &str, kubelet: Kubelet) -> Plan {
         // A sidecar (restartable init container) is started again whatever
         // its exit code or the Pod's policy (kuberuntime_container.go,
         // computeInitContainerActions); other init containers have ended.
-        Some(init) if init.restart_policy.as_deref() == Some("Always") => (init, true),
+        Some(init) if is_sidecar(init) => (init, true),
         Some(_) => return Plan::StaysDown(StaysDown::InitContainer),
         None => match pod.containers.iter().find(|c| c.name == name) {
             Some(container) => (container, false),

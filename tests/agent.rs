@@ -740,6 +740,108 @@ async fn restart_policies_decide_what_a_crr_does(mode: Setup) {
     );
 }
 
+/// Native sidecars (init containers with `restartPolicy: Always`): in
+/// standalone mode they are recreated like any container, in the CRR's
+/// order, even in a Pod whose own policy is Never (kubelet starts a sidecar
+/// again whatever it says); kruise's webhook refuses them.
+async fn native_sidecars_are_recreated_like_any_container(mode: Setup) {
+    let cluster = Cluster::new(mode).await;
+    let mut proxy = ContainerSpec::sidecar("proxy");
+    proxy.pre_stop = Some(json!({"exec": {"command": ["sleep", "1"]}}));
+    let meshed = PodSpec::new("meshed", vec![proxy, ContainerSpec::graceful("app")]);
+    let mut never = PodSpec::new(
+        "never",
+        vec![
+            ContainerSpec::sidecar("proxy"),
+            ContainerSpec::graceful("app"),
+        ],
+    );
+    never.restart_policy = RestartPolicy::Never;
+    cluster.kubelet.run_pod(meshed).await;
+    cluster.kubelet.run_pod(never).await;
+    let sidecar = |pod: &Value| {
+        pod["status"]["initContainerStatuses"]
+            .as_array()
+            .and_then(|s| s.iter().find(|c| c["name"] == "proxy"))
+            .cloned()
+            .unwrap_or_else(|| panic!("no proxy in {pod}"))
+    };
+    let before = sidecar(&cluster.pod("meshed"));
+    let ordered = json!({"orderedRecreate": true});
+    if mode.mode == Mode::Kruise {
+        let spec = json!({"podName": "meshed", "containers": [{"name": "proxy"}, {"name": "app"}], "strategy": ordered});
+        let refused = cluster
+            .api
+            .create(
+                Resource::Crr,
+                NAMESPACE,
+                json!({"metadata": {"name": "crr-meshed"}, "spec": spec}),
+            )
+            .unwrap_err();
+        assert!(
+            refused
+                .message
+                .contains("not found proxy containerStatus in Pod Status"),
+            "{refused:?}"
+        );
+        assert_eq!(sidecar(&cluster.pod("meshed"))["restartCount"], 0);
+        return;
+    }
+    cluster.create(
+        "crr-meshed",
+        "meshed",
+        &["proxy", "app"],
+        ordered,
+        json!({}),
+    );
+    cluster.create("crr-never", "never", &["proxy"], Value::Null, json!({}));
+    let done = cluster
+        .completed("crr-meshed", Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        states(&done),
+        json!([{"name": "proxy", "phase": "Succeeded", "isKilled": true},
+               {"name": "app", "phase": "Succeeded", "isKilled": true}])
+    );
+    let pod = cluster.kubelet.wait_ready("meshed").await;
+    let after = sidecar(&pod);
+    assert_eq!(after["restartCount"], 1, "{after}");
+    assert_ne!(after["containerID"], before["containerID"]);
+    assert_eq!(
+        after["lastState"]["terminated"]["reason"],
+        "ContainerRecreateRequest"
+    );
+    assert_eq!(container_status(&pod, "app")["restartCount"], 1);
+    // In order: the sidecar was back before the app was stopped.
+    let sidecar_done = seconds(&after["lastState"]["terminated"]["finishedAt"]);
+    assert!(sidecar_done <= finished_at(&pod, "app"));
+    let killing = cluster
+        .api
+        .list(Resource::Event, Some(NAMESPACE), &Default::default())
+        .into_iter()
+        .find(|e| {
+            e["reason"] == "Killing"
+                && e["regarding"]["name"] == "meshed"
+                && e["note"].as_str().is_some_and(|n| n.contains("proxy"))
+        })
+        .expect("a Killing Event for the sidecar");
+    assert_eq!(
+        killing["regarding"]["fieldPath"],
+        "spec.initContainers{proxy}"
+    );
+
+    let done = cluster
+        .completed("crr-never", Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        states(&done),
+        json!([{"name": "proxy", "phase": "Succeeded", "isKilled": true}])
+    );
+    let pod = cluster.kubelet.wait_ready("never").await;
+    assert_eq!(sidecar(&pod)["restartCount"], 1);
+    assert_eq!(container_status(&pod, "app")["restartCount"], 0);
+}
+
 /// The API client for CRRs in `version` (a person's kubectl, or a
 /// controller built against that version).
 fn crrs_as(cluster: &Cluster, version: ApiVersion) -> Api<DynamicObject> {
@@ -754,6 +856,134 @@ async fn create_as(cluster: &Cluster, version: ApiVersion, name: &str, spec: Val
         .create(&PostParams::default(), &obj)
         .await
         .unwrap_or_else(|e| panic!("create {name} as {version:?}: {e}"));
+}
+
+/// Standalone on crr-proxy's own CRD (v1beta1 stored, no conversion): what
+/// v1beta1's schema refuses is refused at create through either version,
+/// with the API server's message. CRRs stored under an older, laxer CRD are
+/// ended with the webhook's message on an API server that ratchets
+/// validation; on one that does not, every write to them is refused (422),
+/// so each gets one Event saying why and is never written again.
+async fn standalone_v1beta1_invalid_crrs_are_refused_at_create_or_ended_once() {
+    let cluster = Cluster::new(Setup {
+        mode: Mode::Standalone,
+        versions: CrrVersions::Both(Conversion::None),
+    })
+    .await;
+    cluster
+        .kubelet
+        .run_pod(PodSpec::new("victim", vec![ContainerSpec::graceful("app")]))
+        .await;
+    let bad = [
+        (
+            "grace",
+            json!({"strategy": {"terminationGracePeriodSeconds": -5}}),
+            "spec.strategy.terminationGracePeriodSeconds: Invalid value: should be greater than or equal to 0",
+            "terminationGracePeriodSeconds must be non-negative integer",
+        ),
+        (
+            "unready",
+            json!({"strategy": {"unreadyGracePeriodSeconds": -1}}),
+            "spec.strategy.unreadyGracePeriodSeconds: Invalid value: should be greater than or equal to 0",
+            "unreadyGracePeriodSeconds must be non-negative integer",
+        ),
+        (
+            "policy",
+            json!({"strategy": {"failurePolicy": "Sometimes"}}),
+            "spec.strategy.failurePolicy: Unsupported value: \"Sometimes\": supported values: \"Fail\", \"Ignore\"",
+            "unknown failurePolicy Sometimes",
+        ),
+    ];
+    let spec = |extra: &Value| {
+        let mut spec = json!({"podName": "victim", "containers": [{"name": "app"}]});
+        support::apiserver::merge_patch(&mut spec, extra);
+        spec
+    };
+    for version in [ApiVersion::V1alpha1, ApiVersion::V1beta1] {
+        for (name, extra, schema_says, _) in &bad {
+            let obj = json!({"apiVersion": format!("apps.kruise.io/{}", version.as_str()),
+                             "kind": "ContainerRecreateRequest", "metadata": {"name": name}, "spec": spec(extra)});
+            let obj: DynamicObject = serde_json::from_value(obj).unwrap();
+            match crrs_as(&cluster, version)
+                .create(&PostParams::default(), &obj)
+                .await
+            {
+                Err(kube::Error::Api(status)) => {
+                    assert_eq!(
+                        (status.code, status.message.as_str()),
+                        (422, *schema_says),
+                        "{version:?}"
+                    );
+                }
+                other => panic!("{name} through {version:?}: {other:?}"),
+            }
+        }
+    }
+
+    // Stored before the CRD checked them, on a server without ratcheting.
+    for (name, extra, _, _) in &bad {
+        cluster
+            .api
+            .create_unchecked(
+                Resource::Crr,
+                NAMESPACE,
+                json!({"metadata": {"name": format!("old-{name}")}, "spec": spec(extra)}),
+            )
+            .unwrap();
+    }
+    for (name, _, schema_says, webhook_says) in &bad {
+        let crr = format!("old-{name}");
+        let event = wait_for(Duration::from_secs(10), || {
+            cluster
+                .api
+                .list(Resource::Event, Some(NAMESPACE), &Default::default())
+                .into_iter()
+                .find(|e| e["reason"] == "Unwritable" && e["regarding"]["name"] == crr.as_str())
+        })
+        .await
+        .unwrap_or_else(|| panic!("no Event on {crr}"));
+        assert_eq!(
+            event["note"],
+            format!(
+                "not placed: {webhook_says}; the API server refuses every write to this ContainerRecreateRequest: {schema_says}"
+            )
+        );
+        assert_eq!(event["type"], "Warning");
+    }
+    let writes_to = |prefix: &str| {
+        cluster
+            .api
+            .writes()
+            .into_iter()
+            .filter(|w| {
+                w.path
+                    .contains(&format!("/containerrecreaterequests/{prefix}"))
+            })
+            .count()
+    };
+    let made = writes_to("old-");
+    assert_eq!(made, bad.len(), "one write each");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(writes_to("old-"), made, "none written again");
+
+    // With ratcheting (Kubernetes 1.30 and later) they end as the webhook says.
+    cluster.api.set_ratcheting(true);
+    for (name, extra, _, _) in &bad {
+        cluster
+            .api
+            .create_unchecked(
+                Resource::Crr,
+                NAMESPACE,
+                json!({"metadata": {"name": format!("kept-{name}")}, "spec": spec(extra)}),
+            )
+            .unwrap();
+    }
+    for (name, _, _, webhook_says) in &bad {
+        let done = cluster
+            .completed(&format!("kept-{name}"), Duration::from_secs(10))
+            .await;
+        assert_eq!(done["status"]["message"], *webhook_says);
+    }
 }
 
 /// On a cluster that stores v1beta1, a CRR created through v1alpha1 and one
@@ -1603,6 +1833,11 @@ macro_rules! in_both_modes {
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn invalid_crrs_are_refused_at_create_or_ended_once() {
+                super::standalone_v1beta1_invalid_crrs_are_refused_at_create_or_ended_once().await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn v1beta1_status_writes_read_afresh_and_try_four_times() {
                 super::v1beta1_status_writes_read_afresh_and_try_four_times(SETUP).await
             }
@@ -1782,6 +2017,7 @@ in_both_modes!(
     a_lagging_cache_does_not_complete_a_crr_twice,
     a_second_crr_within_kubelets_back_off_waits_for_it,
     restart_policies_decide_what_a_crr_does,
+    native_sidecars_are_recreated_like_any_container,
     a_pod_deleted_mid_recreate_completes_the_crr,
 );
 

@@ -509,6 +509,14 @@ async fn crrs_no_node_can_take_are_ended_by_the_holder_alone() {
     );
 }
 
+/// Waits until node `i` counts one unanswered CRR.
+async fn unanswered_counted(fleet: &Fleet, i: usize) -> Option<()> {
+    wait_for(Duration::from_secs(5), || {
+        (fleet.agent(i).metric("crr_proxy_crr_unanswered_total") == 1.0).then_some(())
+    })
+    .await
+}
+
 /// A CRR claimed for a node whose crr-proxy is down (here: not started) is
 /// ended by the Lease holder once it has gone unanswered for the set time
 /// (kruise-manager's 60 s; 4 s here), with kruise-manager's message; a CRR
@@ -552,7 +560,10 @@ async fn claims_their_node_never_takes_up_are_ended_by_the_holder() {
         "daemon has not responded for a long time"
     );
     assert!(done["status"]["completionTime"].is_string());
-    assert_eq!(fleet.agent(1).metric("crr_proxy_crr_unanswered_total"), 1.0);
+    // Counted once the write has returned to the holder.
+    unanswered_counted(&fleet, 1)
+        .await
+        .expect("counted by node-1");
 
     // The holder is killed with a claim in waiting: the new holder ends it.
     fleet.create("handed-over", "web", "app");
@@ -576,7 +587,9 @@ async fn claims_their_node_never_takes_up_are_ended_by_the_holder() {
         "daemon has not responded for a long time"
     );
     assert_eq!(fleet.holder().as_deref(), Some("node-2"));
-    assert_eq!(fleet.agent(2).metric("crr_proxy_crr_unanswered_total"), 1.0);
+    unanswered_counted(&fleet, 2)
+        .await
+        .expect("counted by node-2");
 
     // Once node-0's crr-proxy runs, its CRRs are answered and recreated.
     fleet.start_agent(0).await;

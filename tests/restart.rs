@@ -473,6 +473,32 @@ async fn ctrl_c_stops_following_and_the_restart_goes_on() {
     assert_eq!(restarts(&node.pod("web"), "app"), 1);
 }
 
+/// A native sidecar is restarted like any container, and the tool shows
+/// its restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_native_sidecar_is_restarted() {
+    let node = Node::start().await;
+    let pod = PodSpec::new(
+        "web",
+        vec![
+            ContainerSpec::sidecar("proxy"),
+            ContainerSpec::graceful("app"),
+        ],
+    );
+    node.kubelet.run_pod(pod).await;
+    let run = node.restart(&["web", "-c", "proxy", "--wait"]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stdout
+            .contains("proxy: restarted (1 restarts, last ended: ContainerRecreateRequest)"),
+        "{run:?}"
+    );
+    let pod = node.pod("web");
+    assert_eq!(pod["status"]["initContainerStatuses"][0]["name"], "proxy");
+    assert_eq!(pod["status"]["initContainerStatuses"][0]["restartCount"], 1);
+    assert_eq!(restarts(&pod, "app"), 0);
+}
+
 /// `--timeout` ends the following as a failure (exit 1) that says so; the
 /// restart goes on in the cluster.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -14,11 +14,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::Api;
+use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
@@ -50,6 +51,8 @@ pub(crate) struct Claimer {
     pub(crate) timeout: Duration,
     /// How long after its creation a claimed CRR may go unanswered.
     pub(crate) unanswered: Duration,
+    /// For the Events on CRRs the API server refuses to let it write.
+    pub(crate) recorder: Recorder,
 }
 
 impl Claimer {
@@ -247,7 +250,9 @@ impl Claimer {
                     .await?
             }
         };
-        let written = match admission::placement(crr, pod.as_ref()) {
+        let placement = admission::placement(crr, pod.as_ref());
+        let refusal = placement.as_ref().err().cloned();
+        let written = match placement {
             Ok(node) => {
                 let patch = json!({"metadata": {
                     "labels": {labels::NODE_NAME: node},
@@ -279,6 +284,38 @@ impl Claimer {
             // on the watch and is judged then.
             Err(kube::Error::Api(status)) if status.code == 409 || status.code == 404 => {
                 debug!(crr = %crr.name_any(), code = status.code, "changed meanwhile");
+                Ok(Next::Done)
+            }
+            // The stored object is invalid in this version's schema (stored
+            // under an older, laxer CRD, on an API server without validation
+            // ratcheting): every write to it is refused alike, so none is
+            // tried again. The CRR says why in an Event.
+            Err(kube::Error::Api(status)) if status.code == 422 => {
+                let why = refusal.unwrap_or_else(|| "its node cannot be told".into());
+                let note = format!(
+                    "not placed: {why}; the API server refuses every write to this ContainerRecreateRequest: {}",
+                    status.message
+                );
+                warn!(crr = %crr.name_any(), %namespace, %note, "a CRR that cannot be written is left as it is");
+                self.metrics.crr_unclaimable();
+                let event = Event {
+                    type_: EventType::Warning,
+                    reason: "Unwritable".into(),
+                    note: Some(context::truncated(note, context::NOTE_LIMIT, " ...")),
+                    action: "Claim".into(),
+                    secondary: None,
+                };
+                let reference = ObjectReference {
+                    api_version: Some(self.crrs.version().api_resource().api_version),
+                    kind: Some(crate::crr::KIND.into()),
+                    namespace: crr.namespace(),
+                    name: Some(crr.name_any()),
+                    uid: crr.uid(),
+                    ..Default::default()
+                };
+                if let Err(error) = self.recorder.publish(&event, &reference).await {
+                    warn!(%error, "could not record an Event");
+                }
                 Ok(Next::Done)
             }
             Err(error) => Err(error.into()),

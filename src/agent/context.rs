@@ -44,7 +44,7 @@ const EVENT_RETRIES: [Duration; 4] = [
 
 /// events.k8s.io refuses a note over 1 024 bytes and a reportingInstance
 /// over 128 (an Event that breaks either is lost).
-const NOTE_LIMIT: usize = 1024;
+pub(crate) const NOTE_LIMIT: usize = 1024;
 pub(crate) const INSTANCE_LIMIT: usize = 128;
 
 /// kruise's message when a CRR outlives its `activeDeadlineSeconds`.

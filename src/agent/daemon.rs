@@ -21,6 +21,7 @@ use super::{AgentError, PodKey, is_finished, phase};
 use crate::crr::state::{self, Candidate, NotKilled, PassEnd};
 use crate::crr::{ContainerRecreateRequest, Phase, labels};
 use crate::kill::{HookResult, KillError, KillRequest, OnStopping, StateAfter};
+use crate::restart_rules;
 use crate::telemetry::Chain;
 
 /// Why a container of a CRR could not be killed; its text goes into the
@@ -198,7 +199,7 @@ impl Daemon<'_> {
             .strategy
             .as_ref()
             .and_then(|s| s.termination_grace_period_seconds);
-        let reference = ObjectReference {
+        let mut reference = ObjectReference {
             kind: Some("Pod".into()),
             api_version: Some("v1".into()),
             namespace: crr.namespace(),
@@ -217,6 +218,14 @@ impl Daemon<'_> {
             let spec_of_pod = manager.pod_spec(ctx, &pod_key).await;
             let rewrite = restarts::decide(&ctx.kubelet, spec_of_pod.as_ref(), &name)
                 .map_err(NotKilled::Refused)?;
+            // kubelet's Events name a sidecar by its place in the spec.
+            let sidecar = spec_of_pod
+                .iter()
+                .flat_map(|s| s.init_containers.iter().flatten())
+                .any(|c| c.name == name && restart_rules::is_sidecar(c));
+            if sidecar {
+                reference.field_path = Some(format!("spec.initContainers{{{name}}}"));
+            }
             // A kill that began before a restart (its hook perhaps cut short)
             // goes straight to StopContainer: the hook runs at most once.
             let kills = &ctx.records.kills;

@@ -222,9 +222,13 @@ impl Parts {
         let Some(pod) = self.pod(key) else {
             return HashMap::new();
         };
+        // Native sidecars are reported with the init containers.
         pod.status
             .iter()
-            .flat_map(|s| s.container_statuses.iter().flatten())
+            .flat_map(|s| {
+                let sidecars = s.init_container_statuses.iter().flatten();
+                s.container_statuses.iter().flatten().chain(sidecars)
+            })
             .filter(|s| s.state.as_ref().is_some_and(|st| st.running.is_some()))
             .map(|s| {
                 let entry = SyncContainerStatus {

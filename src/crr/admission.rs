@@ -15,6 +15,7 @@ use super::{
     ContainerRecreateRequestSpec, ContainerRecreateRequestStrategy, FailurePolicy, ProbeHandler,
     labels,
 };
+use crate::restart_rules;
 
 /// kruise's `minDeadlineSeconds`.
 const MIN_DEADLINE_SECONDS: i64 = 3;
@@ -75,13 +76,22 @@ pub fn admit(
             .chain(pod_spec.containers.iter())
             .find(|c| c.name == name)
             .ok_or_else(|| format!("container {name} not found in Pod"))?;
-        // Like the webhook, only containers the Pod's status lists (regular
-        // containers, not init or sidecar ones) can be recreated.
-        let listed = pod_status
-            .container_statuses
-            .iter()
-            .flatten()
-            .any(|s| s.name == name);
+        // Only containers that run beside the others can be recreated: the
+        // regular ones, and unlike kruise's webhook, native sidecars (init
+        // containers with restartPolicy Always, reported with the init
+        // containers). Other init containers have ended.
+        let sidecar = restart_rules::is_sidecar(in_spec)
+            && pod_spec
+                .init_containers
+                .iter()
+                .flatten()
+                .any(|c| c.name == name);
+        let statuses = if sidecar {
+            &pod_status.init_container_statuses
+        } else {
+            &pod_status.container_statuses
+        };
+        let listed = statuses.iter().flatten().any(|s| s.name == name);
         if !listed {
             return Err(format!("not found {name} containerStatus in Pod Status"));
         }
@@ -213,13 +223,18 @@ mod tests {
             spec: Some(PodSpec {
                 node_name: Some("node-a".into()),
                 termination_grace_period_seconds: Some(45),
-                init_containers: Some(vec![container("init")]),
+                init_containers: Some(vec![container("init"), {
+                    let mut proxy = container("proxy");
+                    proxy.restart_policy = Some("Always".into());
+                    proxy
+                }]),
                 containers: vec![app, container("side")],
                 ..Default::default()
             }),
             status: Some(PodStatus {
                 phase: Some("Running".into()),
                 container_statuses: Some(vec![status("app"), status("side")]),
+                init_container_statuses: Some(vec![status("init"), status("proxy")]),
                 ..Default::default()
             }),
         }
@@ -234,7 +249,11 @@ mod tests {
             created_at: 1,
             started_at: Some(1),
         };
-        PodContainers::new(vec![c("app", "app-cri", 2), c("side", "side-cri", 0)])
+        PodContainers::new(vec![
+            c("app", "app-cri", 2),
+            c("side", "side-cri", 0),
+            c("proxy", "proxy-cri", 1),
+        ])
     }
 
     fn crr(spec: serde_json::Value) -> ContainerRecreateRequest {
@@ -319,6 +338,21 @@ mod tests {
                 Err(message.to_owned())
             );
         }
+    }
+
+    #[test]
+    fn accepts_native_sidecars_with_their_runtime_context() {
+        let accepted = admit(
+            &crr(json!({"podName": "web-0", "containers": [{"name": "proxy"}, {"name": "app"}]})),
+            &pod(),
+            &runtime(),
+        )
+        .unwrap();
+        let proxy = accepted.spec.containers[0].status_context.as_ref().unwrap();
+        assert_eq!(
+            (proxy.container_id.as_str(), proxy.restart_count),
+            ("containerd://proxy-cri", 1)
+        );
     }
 
     #[test]

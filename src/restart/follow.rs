@@ -252,6 +252,7 @@ fn see(crr: &ContainerRecreateRequest, pod: Option<&Pod>) -> Seen {
         .container_statuses
         .iter()
         .flatten()
+        .chain(pod_status.init_container_statuses.iter().flatten())
         .filter(|c| wanted.contains(&c.name.as_str()))
         .map(|c| {
             let last_reason = c

@@ -128,7 +128,14 @@ impl Request {
     /// the Pod runs.
     fn check_pod(&self, pod: &Pod) -> Result<(), RequestError> {
         let spec = pod.spec.clone().unwrap_or_default();
-        let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+        // Regular containers and native sidecars; other init containers
+        // have ended.
+        let sidecars = spec.init_containers.iter().flatten();
+        let names: Vec<&str> = sidecars
+            .filter(|c| crate::restart_rules::is_sidecar(c))
+            .chain(&spec.containers)
+            .map(|c| c.name.as_str())
+            .collect();
         for container in &self.containers {
             if !names.contains(&container.as_str()) {
                 return Err(RequestError::NoSuchContainer {

@@ -107,10 +107,11 @@ pub fn ready(pod: &Pod) -> bool {
 
 pub fn restarts(pod: &Pod) -> BTreeMap<String, i32> {
     pod.status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .into_iter()
-        .flatten()
+        .iter()
+        .flat_map(|s| {
+            let sidecars = s.init_container_statuses.iter().flatten();
+            s.container_statuses.iter().flatten().chain(sidecars)
+        })
         .map(|c| (c.name.clone(), c.restart_count))
         .collect()
 }

@@ -432,6 +432,9 @@ struct Inner {
     delivered: Arc<Mutex<HashMap<Resource, u64>>>,
     /// Which CRR versions are served, and how they convert.
     crr_versions: Mutex<CrrVersions>,
+    /// CRDValidationRatcheting (beta 1.30, GA 1.33): an update may keep an
+    /// invalid value the old object had. Off until set: an older server.
+    ratcheting: std::sync::atomic::AtomicBool,
     /// Whether OpenKruise's CloneSet and Advanced StatefulSet are served.
     kruise_workloads: std::sync::atomic::AtomicBool,
     /// RBAC rules by user (`grant`).
@@ -540,6 +543,7 @@ impl FakeApiServer {
             writes: Mutex::new(Vec::new()),
             expired: Arc::default(),
             crr_versions: Mutex::new(CrrVersions::default()),
+            ratcheting: std::sync::atomic::AtomicBool::new(false),
             kruise_workloads: std::sync::atomic::AtomicBool::new(false),
             grants: Mutex::new(HashMap::new()),
         });
@@ -610,6 +614,46 @@ impl FakeApiServer {
     /// says; set it before creating any.
     pub fn set_crr_versions(&self, versions: CrrVersions) {
         *lock(&self.inner.crr_versions) = versions;
+    }
+
+    /// Turns CRD validation ratcheting on or off.
+    pub fn set_ratcheting(&self, on: bool) {
+        self.inner
+            .ratcheting
+            .store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// What a CRR write in `view` is judged by: v1beta1's schema, or with
+    /// crr-proxy's own CRD (no conversion webhook) a v1alpha1 write by the
+    /// same spec checks; kruise's v1alpha1 schemas have none of them.
+    fn crr_checks(&self, resource: Resource, view: View) -> Option<super::versions::Checks> {
+        use super::versions::Checks;
+        if resource != Resource::Crr {
+            return None;
+        }
+        match (view, self.crr_versions()) {
+            (_, CrrVersions::V1alpha1Only) => None,
+            (View::Stored, CrrVersions::Both(_)) => Some(Checks::V1beta1),
+            (View::Alpha(Conversion::None), _) => Some(Checks::Spec),
+            (View::Alpha(Conversion::Webhook), _) => None,
+        }
+    }
+
+    fn validate_crr(
+        &self,
+        resource: Resource,
+        view: View,
+        next: &Value,
+        old: Option<&Value>,
+    ) -> Result<(), ApiError> {
+        let Some(checks) = self.crr_checks(resource, view) else {
+            return Ok(());
+        };
+        let ratcheting = self
+            .inner
+            .ratcheting
+            .load(std::sync::atomic::Ordering::SeqCst);
+        super::versions::validate(next, checks, old.filter(|_| ratcheting))
     }
 
     /// From now on, OpenKruise's CloneSet and Advanced StatefulSet are
@@ -695,12 +739,6 @@ impl FakeApiServer {
 
     /// Whether a CRR write through `view` is a v1beta1 request, which
     /// v1beta1's schema judges (a v1alpha1 one is judged by v1alpha1's).
-    fn judged_as_v1beta1(&self, resource: Resource, view: View) -> bool {
-        resource == Resource::Crr
-            && view == View::Stored
-            && self.crr_versions() != CrrVersions::V1alpha1Only
-    }
-
     fn stored_api_version(&self, resource: Resource) -> String {
         match resource {
             Resource::Crr => format!("apps.kruise.io/{}", self.crr_versions().storage()),
@@ -1053,7 +1091,6 @@ impl FakeApiServer {
         obj: Value,
         status: bool,
     ) -> Result<Value, ApiError> {
-        let beta = self.judged_as_v1beta1(resource, view);
         self.modify(resource, namespace, name, status, |stored| {
             let current = &view.present(stored);
             let requested = resource_version(&obj);
@@ -1087,10 +1124,8 @@ impl FakeApiServer {
                         .unwrap_or(Value::Null);
                 }
             }
-            // A v1beta1 request is judged by v1beta1's schema.
-            if beta {
-                super::versions::validate_v1beta1(&next)?;
-            }
+            // Judged by the schema of the version it names.
+            self.validate_crr(resource, view, &next, Some(current))?;
             Ok((view.store(&next), requested.to_owned()))
         })
     }
@@ -1116,7 +1151,6 @@ impl FakeApiServer {
         patch: &Value,
         status: bool,
     ) -> Result<Value, ApiError> {
-        let beta = self.judged_as_v1beta1(resource, view);
         self.modify(resource, namespace, name, status, |stored| {
             let current = &view.present(stored);
             let requested = resource_version(patch);
@@ -1134,10 +1168,8 @@ impl FakeApiServer {
                 }
                 merge_patch(&mut next, &patch);
             }
-            // A v1beta1 request is judged by v1beta1's schema.
-            if beta {
-                super::versions::validate_v1beta1(&next)?;
-            }
+            // Judged by the schema of the version it names.
+            self.validate_crr(resource, view, &next, Some(current))?;
             Ok((view.store(&next), requested.to_owned()))
         })
     }
@@ -1707,10 +1739,9 @@ impl FakeApiServer {
                 .ok_or_else(|| ApiError::not_found(resource, name))
                 .and_then(|obj| ok(200, obj)),
             (&Method::POST, None) => {
-                let obj = view.store(&parse()?);
-                if self.judged_as_v1beta1(resource, view) {
-                    super::versions::validate_v1beta1(&obj)?;
-                }
+                let body = parse()?;
+                self.validate_crr(resource, view, &body, None)?;
+                let obj = view.store(&body);
                 let hooks = lock(&self.inner.admission).clone();
                 let dry_run = query.get("dryRun").map(String::as_str) == Some("All");
                 self.create_with(resource, &ns, obj, &hooks, dry_run)

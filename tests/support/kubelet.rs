@@ -145,6 +145,8 @@ pub struct ContainerSpec {
     /// The container's own `restartPolicy` and `restartPolicyRules`
     /// (Kubernetes 1.34+), merged into its spec.
     pub restart: Value,
+    /// A native sidecar: an init container with `restartPolicy: Always`.
+    pub sidecar: bool,
 }
 
 impl ContainerSpec {
@@ -163,7 +165,16 @@ impl ContainerSpec {
             post_start: Duration::ZERO,
             shared: None,
             restart: json!({}),
+            sidecar: false,
         }
+    }
+
+    /// A native sidecar that exits 0 on SIGTERM.
+    pub fn sidecar(name: &str) -> Self {
+        let mut spec = Self::graceful(name);
+        spec.sidecar = true;
+        spec.restart = json!({"restartPolicy": "Always"});
+        spec
     }
 
     /// A container that exits with `code` on SIGTERM.
@@ -318,27 +329,30 @@ impl Kubelet {
         *self.backoff.lock().unwrap_or_else(|p| p.into_inner()) = backoff;
     }
 
-    /// Creates the Pod object, runs it, and waits until it is Ready.
-    pub async fn run_pod(&self, spec: PodSpec) -> Value {
-        let containers: Vec<Value> = spec
-            .containers
-            .iter()
-            .map(|c| {
-                let mut container = json!({"name": c.name, "image": super::images::BUSYBOX_IMAGE, "command": c.command});
-                if let Some(pre_stop) = &c.pre_stop {
-                    container["lifecycle"] = json!({"preStop": pre_stop});
-                }
-                super::apiserver::merge_patch(&mut container, &c.restart);
-                container
-            })
-            .collect();
+    /// Creates the Pod object, runs it, and waits until it is Ready. Its
+    /// sidecars are its init containers, started first, in order.
+    pub async fn run_pod(&self, mut spec: PodSpec) -> Value {
+        spec.containers.sort_by_key(|c| !c.sidecar);
+        let as_json = |c: &ContainerSpec| {
+            let mut container = json!({"name": c.name, "image": super::images::BUSYBOX_IMAGE, "command": c.command});
+            if let Some(pre_stop) = &c.pre_stop {
+                container["lifecycle"] = json!({"preStop": pre_stop});
+            }
+            super::apiserver::merge_patch(&mut container, &c.restart);
+            container
+        };
+        let (sidecars, containers): (Vec<&ContainerSpec>, Vec<&ContainerSpec>) =
+            spec.containers.iter().partition(|c| c.sidecar);
         let mut pod_spec = json!({
             "nodeName": self.node,
             "hostNetwork": true,
             "restartPolicy": spec.restart_policy.as_str(),
             "terminationGracePeriodSeconds": spec.termination_grace_period,
-            "containers": containers,
+            "containers": containers.into_iter().map(as_json).collect::<Vec<_>>(),
         });
+        if !sidecars.is_empty() {
+            pod_spec["initContainers"] = sidecars.into_iter().map(as_json).collect();
+        }
         if spec.readiness_gate {
             pod_spec["readinessGates"] = json!([{"conditionType": KRUISE_POD_READY}]);
         }
@@ -501,8 +515,20 @@ async fn restart_exited(
             continue;
         }
         pod.containers[i].exited = Some(terminated(&status));
-        let spec = &pod.containers[i].spec.restart;
-        match after_exit(pod.spec.restart_policy, spec, status.exit_code, rules.gate) {
+        let spec = &pod.containers[i].spec;
+        // A sidecar is started again whatever its exit code and the Pod's
+        // policy (computeInitContainerActions), with the same back-off.
+        let after = if spec.sidecar {
+            AfterExit::Restart
+        } else {
+            after_exit(
+                pod.spec.restart_policy,
+                &spec.restart,
+                status.exit_code,
+                rules.gate,
+            )
+        };
+        match after {
             AfterExit::StayDown => continue,
             AfterExit::Restart => {}
             AfterExit::RestartAll => {
@@ -702,6 +728,14 @@ fn report(api: &FakeApiServer, pod: &PodRun) {
         })
         .collect();
     let containers_ready = statuses.iter().all(|s| s["ready"] == json!(true));
+    // Sidecars are reported with the init containers, and count for
+    // readiness like the others (GenerateContainersReadyCondition).
+    let (init_statuses, statuses): (Vec<_>, Vec<_>) = statuses
+        .into_iter()
+        .zip(&pod.containers)
+        .partition(|(_, c)| c.spec.sidecar);
+    let init_statuses: Vec<Value> = init_statuses.into_iter().map(|(s, _)| s).collect();
+    let statuses: Vec<Value> = statuses.into_iter().map(|(s, _)| s).collect();
     let gates_ready = !pod.spec.readiness_gate
         || condition(&current, KRUISE_POD_READY).as_deref() == Some("True");
     let ready = if containers_ready && gates_ready {
@@ -741,8 +775,11 @@ fn report(api: &FakeApiServer, pod: &PodRun) {
     }
     conditions.push(ready_condition);
     // Host network: the Pod's IP is the node's.
-    let status = json!({"status": {"phase": "Running", "containerStatuses": statuses, "conditions": conditions,
+    let mut status = json!({"status": {"phase": "Running", "containerStatuses": statuses, "conditions": conditions,
                                    "hostIP": NODE_IP, "podIP": NODE_IP, "podIPs": [{"ip": NODE_IP}]}});
+    if !init_statuses.is_empty() {
+        status["status"]["initContainerStatuses"] = json!(init_statuses);
+    }
     let _ = api.patch(Resource::Pod, NAMESPACE, &pod.spec.name, &status, true);
 }
 

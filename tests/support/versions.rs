@@ -151,40 +151,52 @@ impl View {
     }
 }
 
+/// Which of v1beta1's schema checks a write is judged by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Checks {
+    /// All of them: a v1beta1 write.
+    V1beta1,
+    /// The spec's: a v1alpha1 write under crr-proxy's own CRD, whose
+    /// v1alpha1 spec schema is v1beta1's.
+    Spec,
+}
+
 /// v1beta1's schema checks the v1alpha1 schema lacks: the phase and
-/// failurePolicy enums, and `minimum: 0` (in the API server's words).
-pub fn validate_v1beta1(obj: &Value) -> Result<(), ApiError> {
+/// failurePolicy enums, and `minimum: 0` (in the API server's words). With
+/// `old` (validation ratcheting), a value the old object had already is
+/// not judged again.
+pub fn validate(obj: &Value, checks: Checks, old: Option<&Value>) -> Result<(), ApiError> {
     let invalid = |message: String| Err(ApiError::new(422, "Invalid", message));
+    let kept = |pointer: &str| old.is_some_and(|old| old.pointer(pointer) == obj.pointer(pointer));
     let phases = ["Pending", "Recreating", "Succeeded", "Failed", "Completed"];
-    let mut phase_fields = vec![("status.phase".to_owned(), obj.pointer("/status/phase"))];
-    for (i, state) in obj
+    let mut phase_fields = vec![("status.phase".to_owned(), "/status/phase".to_owned())];
+    for i in 0..obj
         .pointer("/status/containerRecreateStates")
         .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .enumerate()
+        .map_or(0, Vec::len)
     {
         phase_fields.push((
             format!("status.containerRecreateStates[{i}].phase"),
-            state.get("phase"),
+            format!("/status/containerRecreateStates/{i}/phase"),
         ));
     }
-    for (field, value) in phase_fields {
-        if let Some(phase) = value.and_then(Value::as_str) {
-            if !phases.contains(&phase) {
+    if checks == Checks::Spec {
+        phase_fields.clear();
+    }
+    for (field, pointer) in phase_fields {
+        if let Some(phase) = obj.pointer(&pointer).and_then(Value::as_str) {
+            if !phases.contains(&phase) && !kept(&pointer) {
                 return invalid(format!(
                     "{field}: Unsupported value: {phase:?}: supported values: \"Pending\", \"Recreating\", \"Succeeded\", \"Failed\", \"Completed\""
                 ));
             }
         }
     }
-    if let Some(policy) = obj
-        .pointer("/spec/strategy/failurePolicy")
-        .and_then(Value::as_str)
-    {
-        if !["Fail", "Ignore"].contains(&policy) {
+    let policy = "/spec/strategy/failurePolicy";
+    if let Some(value) = obj.pointer(policy).and_then(Value::as_str) {
+        if !["Fail", "Ignore"].contains(&value) && !kept(policy) {
             return invalid(format!(
-                "spec.strategy.failurePolicy: Unsupported value: {policy:?}: supported values: \"Fail\", \"Ignore\""
+                "spec.strategy.failurePolicy: Unsupported value: {value:?}: supported values: \"Fail\", \"Ignore\""
             ));
         }
     }
@@ -195,10 +207,12 @@ pub fn validate_v1beta1(obj: &Value) -> Result<(), ApiError> {
         "strategy/unreadyGracePeriodSeconds",
         "strategy/minStartedSeconds",
     ] {
+        let pointer = format!("/spec/{field}");
         if obj
-            .pointer(&format!("/spec/{field}"))
+            .pointer(&pointer)
             .and_then(Value::as_i64)
             .is_some_and(|v| v < 0)
+            && !kept(&pointer)
         {
             return invalid(format!(
                 "spec.{}: Invalid value: should be greater than or equal to 0",
