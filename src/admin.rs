@@ -60,7 +60,7 @@ pub async fn serve(
                                     .map_err(|e| {
                                         format!("runtime endpoint {runtime} is unreachable: {e}")
                                     });
-                                readiness(reachable, synced)
+                                readiness(reachable, synced, metrics.kruise_daemon())
                             }
                             path => answer(path),
                         };
@@ -88,13 +88,24 @@ fn answer(path: &str) -> Response<Full<Bytes>> {
 
 /// 200 when the runtime is reachable and the CRR watches have synced; 503
 /// with every reason why not.
-fn readiness(reachable: Result<(), String>, synced: bool) -> Response<Full<Bytes>> {
+fn readiness(
+    reachable: Result<(), String>,
+    synced: bool,
+    kruise_daemon: Option<String>,
+) -> Response<Full<Bytes>> {
     let mut problems = Vec::new();
     if let Err(problem) = reachable {
         problems.push(problem);
     }
     if !synced {
         problems.push("the CRR watch has not synced yet".to_owned());
+    }
+    // The node is set up wrong: two agents for its CRRs. Not ready, so
+    // that the operator's checks see it.
+    if let Some(pod) = kruise_daemon {
+        problems.push(format!(
+            "kruise-daemon Pod {pod} runs on this node: its CRR controller does this node's CRRs, and crr-proxy's agent stands aside"
+        ));
     }
     if problems.is_empty() {
         text(StatusCode::OK, "ok\n".into())
@@ -121,12 +132,14 @@ mod tests {
     fn healthz_answers_while_readyz_follows_the_runtime_and_the_watch() {
         assert_eq!(answer("/healthz").status(), StatusCode::OK);
         assert_eq!(answer("/other").status(), StatusCode::NOT_FOUND);
-        assert_eq!(readiness(Ok(()), true).status(), StatusCode::OK);
+        assert_eq!(readiness(Ok(()), true, None).status(), StatusCode::OK);
         for (reachable, synced) in [(Ok(()), false), (Err("down".to_owned()), true)] {
             assert_eq!(
-                readiness(reachable, synced).status(),
+                readiness(reachable, synced, None).status(),
                 StatusCode::SERVICE_UNAVAILABLE
             );
         }
+        let aside = readiness(Ok(()), true, Some("kruise-system/kruise-daemon-x".into()));
+        assert_eq!(aside.status(), StatusCode::SERVICE_UNAVAILABLE);
     }
 }

@@ -13,7 +13,10 @@
 //! - `lease`, `claim`: in standalone mode, the election of the one node
 //!   that claims new CRRs for the nodes of their Pods, and its claims;
 //! - `watches`, `queue`, `backoff`: the watches, the per-Pod queue and its
-//!   workers, and the watch back-off.
+//!   workers, and the watch back-off;
+//! - `restarts`: whether kubelet will start a container again, before a kill;
+//! - `kruise_daemon`: in kruise mode, standing aside for a kruise-daemon on
+//!   the same node.
 //!
 //! Why not kube-runtime's `Controller`: it reconciles one object at a time
 //! and re-runs on a timer, while kruise's daemon works per Pod (one CRR of
@@ -30,6 +33,7 @@ mod backoff;
 mod claim;
 mod context;
 mod daemon;
+pub mod kruise_daemon;
 mod lease;
 mod manager;
 mod queue;
@@ -131,6 +135,9 @@ struct Agent {
     store: Store<ContainerRecreateRequest>,
     queue: Queue<PodKey>,
     manager: Manager,
+    /// Kruise mode: a kruise-daemon on this node, which the agent leaves
+    /// the node's CRRs to.
+    neighbour: kruise_daemon::Neighbour,
 }
 
 /// The Kubernetes client configuration: `--kubeconfig`, else `$KUBECONFIG`
@@ -318,9 +325,13 @@ pub async fn run(
             store,
             queue: Queue::default(),
             manager,
+            neighbour: kruise_daemon::Neighbour::default(),
         });
         info!(node = %node_name, %selector, ?mode, version = version.as_str(), "watching ContainerRecreateRequests");
-        let watches = 1 + streams.as_ref().map_or(0, |_| standalone::Streams::COUNT);
+        let beside_kruise_daemon = mode == Mode::Kruise;
+        let watches = 1
+            + streams.as_ref().map_or(0, |_| standalone::Streams::COUNT)
+            + usize::from(beside_kruise_daemon);
         let gate = Arc::new(SyncGate::new(watches, Arc::clone(&ready)));
         let (stop, stopping) = watch::channel(false);
         let dispatcher = tokio::spawn(Arc::clone(&agent).dispatch(Arc::clone(&gate), stopping));
@@ -332,6 +343,14 @@ pub async fn run(
         ))];
         if let Some(streams) = streams {
             followers.extend(streams.spawn(&agent, &gate));
+        }
+        if beside_kruise_daemon {
+            followers.push(tokio::spawn(kruise_daemon::watch(
+                client.clone(),
+                node_name.clone(),
+                Arc::clone(&agent),
+                Arc::clone(&gate),
+            )));
         }
         if let Some((leadership, _)) = &election {
             let claimer = claim::Claimer {
@@ -486,6 +505,10 @@ impl Agent {
     /// One pass over the CRRs of one Pod: the manager's part first, then
     /// the daemon's.
     async fn sync(&self, key: &PodKey) -> Result<Next, AgentError> {
+        // kruise-daemon does this node's CRRs; its Pod's going wakes them.
+        if self.neighbour.present().is_some() {
+            return Ok(Next::Done);
+        }
         self.ctx.metrics.crr_reconciled();
         self.ctx.metrics.set_active_crrs(
             self.store

@@ -344,15 +344,16 @@ fn needed(mode: Mode) -> Vec<(&'static str, &'static str, &'static str, &'static
         ),
         ("events.k8s.io", "events", "", "create"),
         ("events.k8s.io", "events", "", "patch"),
-        // The Pod's restart policy, before each kill.
+        // The Pod's restart policy, before each kill; and in kruise mode
+        // the watch for a kruise-daemon on the node.
         ("", "pods", "", "get"),
+        ("", "pods", "", "list"),
+        ("", "pods", "", "watch"),
     ];
     if mode == Mode::Standalone {
         verbs.extend([
             ("apps.kruise.io", "containerrecreaterequests", "", "patch"),
             ("apps.kruise.io", "containerrecreaterequests", "", "delete"),
-            ("", "pods", "", "list"),
-            ("", "pods", "", "watch"),
             ("", "pods", "status", "patch"),
         ]);
     }
@@ -461,6 +462,23 @@ async fn lease(client: &kube::Client, settings: &AgentSettings) -> Result<String
 }
 
 /// Who the credentials are (SelfSubjectReview), against the per-node
+/// Kruise mode: no kruise-daemon on this node, or the agent stands aside.
+async fn kruise_daemon(client: &kube::Client, node: &str) -> Result<String, Verdict> {
+    let params = kube::api::ListParams::default()
+        .fields(&format!("spec.nodeName={node}"))
+        .labels(agent::kruise_daemon::LABEL);
+    let pods = Api::<k8s_openapi::api::core::v1::Pod>::all(client.clone())
+        .list(&params)
+        .await
+        .map_err(fail)?;
+    match agent::kruise_daemon::found(&pods.items) {
+        None => Ok(format!("none on node {node:?}")),
+        Some(pod) => Err(fail(format!(
+            "kruise-daemon Pod {pod} runs on this node: its CRR controller does this node's CRRs and crr-proxy's agent stands aside (keep kruise-daemon off this node: deploy/kruise-daemon-affinity.yaml)"
+        ))),
+    }
+}
+
 /// identity deploy/node-policy.yaml expects for `node`.
 async fn identity(client: &kube::Client, node: &str) -> Result<String, Verdict> {
     let review = SelfSubjectReview::default();
@@ -526,6 +544,12 @@ async fn kubernetes(settings: &AgentSettings, report: &mut Report) {
     report.add("CRD", crd_versions(&client).await);
     if settings.mode == Mode::Standalone {
         report.add("Lease", lease(&client, settings).await);
+    }
+    if settings.mode == Mode::Kruise {
+        report.add(
+            "kruise-daemon",
+            kruise_daemon(&client, &settings.node_name).await,
+        );
     }
 
     let nodes: Api<Node> = Api::all(client);

@@ -183,6 +183,9 @@ struct Crr {
     claims: AtomicU64,
     unclaimable: AtomicU64,
     unanswered: AtomicU64,
+    /// Kruise mode: the kruise-daemon Pod on this node (`namespace/name`),
+    /// whose CRR controller does this node's CRRs while it runs.
+    kruise_daemon: std::sync::Mutex<Option<String>>,
 }
 
 /// The proxy's metrics; share one behind an `Arc`.
@@ -268,6 +271,24 @@ impl Metrics {
     }
 
     /// Whether this node holds the standalone Lease.
+    /// The kruise-daemon Pod found on this node, or `None`.
+    pub fn set_kruise_daemon(&self, pod: Option<String>) {
+        *self
+            .crr
+            .kruise_daemon
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = pod;
+    }
+
+    /// The kruise-daemon Pod the agent stands aside for, if any.
+    pub fn kruise_daemon(&self) -> Option<String> {
+        self.crr
+            .kruise_daemon
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     pub fn set_lease_held(&self, held: bool) {
         self.crr
             .lease_held
@@ -406,6 +427,13 @@ impl Metrics {
         );
         scalar(
             out,
+            "crr_proxy_kruise_daemon_on_node",
+            "gauge",
+            "1 while a kruise-daemon Pod runs on this node (kruise mode): its CRR controller does this node's CRRs, and crr-proxy's agent stands aside.",
+            i64::from(self.kruise_daemon().is_some()),
+        );
+        scalar(
+            out,
             "crr_proxy_standalone_lease_held",
             "gauge",
             "1 while this node holds the standalone Lease (it claims new CRRs for their nodes).",
@@ -509,6 +537,7 @@ mod tests {
         metrics.crr_reconciled();
         metrics.crr_sync_failed();
         metrics.set_lease_held(true);
+        metrics.set_kruise_daemon(Some("kruise-system/kruise-daemon-x".into()));
         metrics.crr_claimed();
         metrics.crr_unclaimable();
         metrics.crr_unanswered();
@@ -521,6 +550,7 @@ mod tests {
             "crr_proxy_crr_reconciles_total 1",
             "crr_proxy_crr_reconcile_failures_total 1",
             "crr_proxy_standalone_lease_held 1",
+            "crr_proxy_kruise_daemon_on_node 1",
             "crr_proxy_crr_claims_total 1",
             "crr_proxy_crr_unclaimable_total 1",
             "crr_proxy_crr_unanswered_total 1",

@@ -842,6 +842,78 @@ async fn native_sidecars_are_recreated_like_any_container(mode: Setup) {
     assert_eq!(container_status(&pod, "app")["restartCount"], 0);
 }
 
+/// Kruise mode on a node where kruise-daemon turns up: the agent sees its
+/// Pod and stands aside, so a CRR is done once, by kruise-daemon (one kill,
+/// no write or Killing Event of crr-proxy's), and `/metrics` says so; once
+/// kruise-daemon is kept off the node the agent does its CRRs again.
+async fn kruise_stands_aside_while_kruise_daemon_runs_on_the_node() {
+    let cluster = Cluster::new(Mode::Kruise).await;
+    cluster
+        .kubelet
+        .run_pod(PodSpec::new("web", vec![ContainerSpec::graceful("app")]))
+        .await;
+    assert_eq!(cluster.metric("crr_proxy_kruise_daemon_on_node"), 0.0);
+    let kruise_daemon = roles::KruiseDaemon::start(&cluster.api, cluster.cri.clone(), NODE);
+    wait_for(Duration::from_secs(10), || {
+        (cluster.metric("crr_proxy_kruise_daemon_on_node") == 1.0).then_some(())
+    })
+    .await
+    .expect("the agent saw kruise-daemon");
+    cluster.create("by-kruise-daemon", "web", &["app"], Value::Null, json!({}));
+    cluster
+        .completed("by-kruise-daemon", Duration::from_secs(30))
+        .await;
+    let pod = wait_for(Duration::from_secs(30), || {
+        Some(cluster.pod("web")).filter(|p| container_status(p, "app")["restartCount"] == 1)
+    })
+    .await
+    .expect("restarted once");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(kruise_daemon.kills(), 1);
+    assert_eq!(
+        container_status(&cluster.pod("web"), "app")["restartCount"],
+        1,
+        "{pod}"
+    );
+    let ours = |reason: &str| {
+        cluster
+            .api
+            .list(Resource::Event, Some(NAMESPACE), &Default::default())
+            .into_iter()
+            .filter(|e| e["reason"] == reason && e["reportingController"] == agent::REPORTER)
+            .count()
+    };
+    assert_eq!(ours("Killing"), 0);
+    let node_writes = cluster
+        .api
+        .writes()
+        .into_iter()
+        .filter(|w| {
+            w.path.contains("/containerrecreaterequests/")
+                && w.user.as_deref() == Some(&*format!("crr-proxy:node:{NODE}"))
+        })
+        .count();
+    assert_eq!(node_writes, 0);
+
+    // kruise-daemon kept off the node: the agent takes up its CRRs again.
+    drop(kruise_daemon);
+    wait_for(Duration::from_secs(10), || {
+        (cluster.metric("crr_proxy_kruise_daemon_on_node") == 0.0).then_some(())
+    })
+    .await
+    .expect("the agent saw kruise-daemon go");
+    cluster.kubelet.wait_ready("web").await;
+    cluster.create("by-crr-proxy", "web", &["app"], Value::Null, json!({}));
+    let done = cluster
+        .completed("by-crr-proxy", Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        states(&done),
+        json!([{"name": "app", "phase": "Succeeded", "isKilled": true}])
+    );
+    assert_eq!(ours("Killing"), 1);
+}
+
 /// The API client for CRRs in `version` (a person's kubectl, or a
 /// controller built against that version).
 fn crrs_as(cluster: &Cluster, version: ApiVersion) -> Api<DynamicObject> {
@@ -1859,6 +1931,11 @@ macro_rules! in_both_modes {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn bad_crrs_get_their_documented_outcome_and_delay_no_one() {
                 super::bad_crrs_get_their_documented_outcome_and_delay_no_one().await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn stands_aside_while_kruise_daemon_runs_on_the_node() {
+                super::kruise_stands_aside_while_kruise_daemon_runs_on_the_node().await
             }
         }
 

@@ -88,6 +88,31 @@ async fn everything_in_place_passes_and_each_gap_fails_by_name() {
     ] {
         assert!(row(&table, check).contains("pass"), "{check}:\n{table}");
     }
+
+    // Kruise mode: a kruise-daemon on the node fails its row.
+    let kruise: Vec<&str> = args
+        .iter()
+        .map(|a| if *a == "standalone" { "kruise" } else { a })
+        .collect();
+    let (_, alone) = check(&kruise, &kubeconfig, &kubelet).await;
+    assert!(row(&alone, "kruise-daemon").contains("pass"), "{alone}");
+    api.create_unchecked(
+        Resource::Pod,
+        "kruise-system",
+        json!({"metadata": {"name": "kruise-daemon-x", "labels": {"control-plane": "daemon"}},
+               "spec": {"nodeName": "node-a", "serviceAccountName": "kruise-daemon", "containers": [{"name": "daemon"}]}}),
+    )
+    .unwrap();
+    let (code, beside) = check(&kruise, &kubeconfig, &kubelet).await;
+    assert_ne!(code, 0, "{beside}");
+    let aside = row(&beside, "kruise-daemon");
+    assert!(
+        aside.contains("FAIL")
+            && aside.contains("kruise-daemon Pod kruise-system/kruise-daemon-x runs on this node"),
+        "{beside}"
+    );
+    api.delete_with_grace(Resource::Pod, "kruise-system", "kruise-daemon-x", Some(0))
+        .unwrap();
     assert!(
         row(&table, "Lease").contains("kube-system/crr-proxy-standalone has no holder"),
         "{table}"

@@ -35,3 +35,40 @@ fn the_kubelet_snippet_points_both_endpoints_at_the_proxy_socket() {
         assert_eq!(config[key], "unix:///run/crr-proxy/crr-proxy.sock", "{key}");
     }
 }
+
+/// The kruise-daemon patch keeps it off exactly the nodes labelled as its
+/// comment says: NotIn matches a node without the label, or with another
+/// value.
+#[test]
+fn the_kruise_daemon_patch_keeps_it_off_labelled_nodes() {
+    let text = deploy("kruise-daemon-affinity.yaml");
+    assert!(text.contains("kubectl label node NODE crr-proxy.io/agent=kruise"));
+    let patch: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
+    let terms = &patch["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"];
+    let allowed = |labels: serde_json::Value| {
+        terms.as_array().unwrap().iter().any(|term| {
+            term["matchExpressions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|e| {
+                    let value = labels[e["key"].as_str().unwrap()].as_str();
+                    let listed = value
+                        .is_some_and(|v| e["values"].as_array().unwrap().iter().any(|x| x == v));
+                    match e["operator"].as_str().unwrap() {
+                        "NotIn" => !listed,
+                        "In" => listed,
+                        other => panic!("operator {other}"),
+                    }
+                })
+        })
+    };
+    assert!(!allowed(
+        serde_json::json!({"crr-proxy.io/agent": "kruise"})
+    ));
+    assert!(allowed(serde_json::json!({})));
+    assert!(allowed(
+        serde_json::json!({"crr-proxy.io/agent": "standalone"})
+    ));
+}

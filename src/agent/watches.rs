@@ -45,7 +45,7 @@ impl SyncGate {
         self.relisted.notified().await;
     }
 
-    fn one_synced(&self) {
+    pub(crate) fn one_synced(&self) {
         if let Ok(mut waiting) = self.waiting.lock() {
             *waiting = waiting.saturating_sub(1);
             if *waiting == 0 {

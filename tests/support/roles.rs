@@ -136,6 +136,99 @@ impl Drop for KruiseManager {
     }
 }
 
+/// OpenKruise's kruise-daemon on one node, as far as CRRs go: its Pod (as
+/// OpenKruise's chart runs it) and its CRR controller, which takes up every
+/// active CRR of the node, stops each named container through the CRI
+/// (StopContainer with the CRR's grace, no preStop hook here) and completes
+/// the CRR. It counts its kills, so that a test can tell one kill from two.
+pub struct KruiseDaemon {
+    api: FakeApiServer,
+    pod: String,
+    kills: Arc<std::sync::atomic::AtomicUsize>,
+    task: JoinHandle<()>,
+}
+
+impl KruiseDaemon {
+    pub const NAMESPACE: &'static str = "kruise-system";
+
+    pub fn start(api: &FakeApiServer, cri: RuntimeClient, node: &str) -> Self {
+        let pod = format!("kruise-daemon-{node}");
+        api.create_unchecked(
+            Resource::Pod,
+            Self::NAMESPACE,
+            json!({"metadata": {"name": pod, "labels": {"control-plane": "daemon"}},
+                   "spec": {"nodeName": node, "serviceAccountName": "kruise-daemon", "hostNetwork": true,
+                            "containers": [{"name": "daemon", "command": ["/kruise-daemon"], "args": ["--v=4"]}]},
+                   "status": {"phase": "Running"}}),
+        )
+        .expect("create the kruise-daemon Pod");
+        let kills = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (server, counted, node) = (api.clone(), Arc::clone(&kills), node.to_owned());
+        let task = tokio::spawn(async move {
+            let selector = Selector::labels(&format!(
+                "crr.apps.kruise.io/node-name={node},crr.apps.kruise.io/active=true"
+            ));
+            loop {
+                for crr in server.list(Resource::Crr, None, &selector) {
+                    let done = crr["status"]["completionTime"].is_string();
+                    if done || !crr["status"]["phase"].as_str().unwrap_or("").is_empty() {
+                        continue;
+                    }
+                    let grace = crr["spec"]["strategy"]["terminationGracePeriodSeconds"]
+                        .as_i64()
+                        .unwrap_or(30);
+                    let mut states = Vec::new();
+                    for container in crr["spec"]["containers"].as_array().into_iter().flatten() {
+                        let id = container["statusContext"]["containerID"]
+                            .as_str()
+                            .and_then(|id| id.split_once("://"))
+                            .map(|(_, id)| id.to_owned())
+                            .unwrap_or_default();
+                        let mut cri = cri.clone();
+                        let stopped = cri
+                            .stop_container(crr_proxy::cri::v1::StopContainerRequest {
+                                container_id: id,
+                                timeout: grace,
+                            })
+                            .await;
+                        if stopped.is_ok() {
+                            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        }
+                        states.push(json!({"name": container["name"], "phase": "Succeeded", "isKilled": true}));
+                    }
+                    let namespace = crr["metadata"]["namespace"].as_str().unwrap_or_default();
+                    let name = crr["metadata"]["name"].as_str().unwrap_or_default();
+                    let status = json!({"status": {"phase": "Completed", "completionTime": now(),
+                                                   "containerRecreateStates": states}});
+                    let _ = server.patch(Resource::Crr, namespace, name, &status, true);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        Self {
+            api: api.clone(),
+            pod,
+            kills,
+            task,
+        }
+    }
+
+    /// The containers it stopped so far.
+    pub fn kills(&self) -> usize {
+        self.kills.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for KruiseDaemon {
+    /// Kept off the node: its controller stops and its Pod goes.
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = self
+            .api
+            .delete_with_grace(Resource::Pod, Self::NAMESPACE, &self.pod, Some(0));
+    }
+}
+
 type CacheKey = (Resource, String, String);
 
 /// An informer's copy of the CRRs and Pods: every change reaches it `lag`
