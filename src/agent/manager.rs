@@ -19,6 +19,9 @@ use crate::crr::client::CrrClient;
 use crate::crr::{ContainerRecreateRequest, SyncContainerStatus};
 use crate::telemetry::Chain;
 
+/// How long a kill waits for its Pod's spec in kruise mode.
+const POD_READ_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 pub(crate) enum Manager {
     /// kruise-manager and its webhook do it.
     Kruise,
@@ -108,10 +111,15 @@ impl Manager {
             Manager::Standalone(parts) => parts.pod_spec(key),
             Manager::Kruise => {
                 let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &key.namespace);
-                match pods.get_opt(&key.pod).await {
-                    Ok(pod) => pod.and_then(|p| p.spec),
-                    Err(error) => {
+                // Bounded: a slow API server delays the kill, never holds it.
+                match tokio::time::timeout(POD_READ_LIMIT, pods.get_opt(&key.pod)).await {
+                    Ok(Ok(pod)) => pod.and_then(|p| p.spec),
+                    Ok(Err(error)) => {
                         warn!(error = %Chain(&error), pod = %key.pod, "cannot read the Pod's restart policy; stopping its container regardless");
+                        None
+                    }
+                    Err(_) => {
+                        warn!(pod = %key.pod, limit = ?POD_READ_LIMIT, "no answer about the Pod's restart policy; stopping its container regardless");
                         None
                     }
                 }
