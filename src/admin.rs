@@ -141,5 +141,10 @@ mod tests {
         }
         let aside = readiness(Ok(()), true, Some("kruise-system/kruise-daemon-x".into()));
         assert_eq!(aside.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let body = format!("{:?}", aside.into_body());
+        assert!(
+            body.contains("kruise-daemon Pod kruise-system/kruise-daemon-x runs on this node"),
+            "{body}"
+        );
     }
 }
