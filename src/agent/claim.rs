@@ -10,6 +10,7 @@
 //! the Lease. The node the CRR is claimed for accepts it (the rest of the
 //! webhook's checks, which need its runtime) as before.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -123,63 +124,59 @@ impl Claimer {
                 }
             }
         };
-        let work = async {
-            loop {
-                let (ready, next) = queue.take_due();
-                futures_util::stream::iter(ready)
-                    .for_each_concurrent(CONCURRENCY, |key| async {
-                        let next = match store.get(&key) {
-                            Some(crr) if self.leadership.holds() => {
-                                tokio::time::timeout(self.timeout, self.judge(&crr, &answers)).await
-                            }
-                            _ => Ok(Ok(Next::Done)),
-                        };
-                        let next = match next {
-                            Ok(Ok(next)) => next,
-                            Ok(Err(error)) => {
-                                warn!(error = %Chain(&error), crr = %key.name, "could not place a new CRR; backing off");
-                                Next::Failed
-                            }
-                            Err(_) => {
-                                warn!(crr = %key.name, timeout = ?self.timeout, "the API server did not answer in time about a new CRR; backing off");
-                                Next::Failed
-                            }
-                        };
-                        queue.done(key, next);
-                    })
-                    .await;
-                queue.wait(next).await;
+        let (store, answers) = (&store, &answers);
+        let work = self.drain(&queue, "place a new CRR", |key| async move {
+            match store.get(&key) {
+                Some(crr) => self.judge(&crr, answers).await,
+                None => Ok(Next::Done),
             }
-        };
+        });
         let answering = async {
             taken_over.await;
-            loop {
-                let (ready, next) = answers.take_due();
-                futures_util::stream::iter(ready)
-                    .for_each_concurrent(CONCURRENCY, |key| async {
-                        let next = if self.leadership.holds() {
-                            tokio::time::timeout(self.timeout, self.end_unanswered(&key)).await
-                        } else {
-                            Ok(Ok(Next::Done))
-                        };
-                        let next = match next {
-                            Ok(Ok(next)) => next,
-                            Ok(Err(error)) => {
-                                warn!(error = %Chain(&error), crr = %key.name, "could not check a claim's answer; backing off");
-                                Next::Failed
-                            }
-                            Err(_) => Next::Failed,
-                        };
-                        answers.done(key, next);
-                    })
-                    .await;
-                answers.wait(next).await;
-            }
+            self.drain(answers, "check a claim's answer", |key| async move {
+                self.end_unanswered(&key).await
+            })
+            .await;
         };
         tokio::select! {
             () = feed => warn!("watch of new CRRs ended"),
             () = work => {}
             () = answering => {}
+        }
+    }
+
+    /// Works through `queue` for as long as it runs: up to [`CONCURRENCY`]
+    /// due keys at once, each run while this node holds the Lease and
+    /// bounded by the renew period, each key then done as its run says.
+    async fn drain<F, R>(&self, queue: &Queue<Key>, what: &str, run: F)
+    where
+        F: Fn(Key) -> R,
+        R: Future<Output = Result<Next, AgentError>>,
+    {
+        loop {
+            let (ready, next) = queue.take_due();
+            futures_util::stream::iter(ready)
+                .for_each_concurrent(CONCURRENCY, |key| async {
+                    let next = if self.leadership.holds() {
+                        tokio::time::timeout(self.timeout, run(key.clone())).await
+                    } else {
+                        Ok(Ok(Next::Done))
+                    };
+                    let next = match next {
+                        Ok(Ok(next)) => next,
+                        Ok(Err(error)) => {
+                            warn!(error = %Chain(&error), crr = %key.name, "could not {what}; backing off");
+                            Next::Failed
+                        }
+                        Err(_) => {
+                            warn!(crr = %key.name, timeout = ?self.timeout, "the API server did not answer in time (to {what}); backing off");
+                            Next::Failed
+                        }
+                    };
+                    queue.done(key, next);
+                })
+                .await;
+            queue.wait(next).await;
         }
     }
 
@@ -204,10 +201,11 @@ impl Claimer {
         if !awaits_answer(&crr) {
             return Ok(Next::Done);
         }
-        if self.answer_due(&crr) > tokio::time::Instant::now() {
-            return Ok(Next::After(
-                self.answer_due(&crr) - tokio::time::Instant::now(),
-            ));
+        let left = self
+            .answer_due(&crr)
+            .saturating_duration_since(tokio::time::Instant::now());
+        if !left.is_zero() {
+            return Ok(Next::After(left));
         }
         let node = crr
             .labels()
