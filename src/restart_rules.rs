@@ -13,7 +13,7 @@
 
 use std::fmt;
 
-use k8s_openapi::api::core::v1::{Container, PodSpec};
+use k8s_openapi::api::core::v1::{Container, ContainerStatus, PodSpec, PodStatus};
 
 /// The feature gate that makes kubelet read the container-level policy and
 /// its rules (alpha in 1.34, beta and on by default since 1.35).
@@ -162,6 +162,13 @@ const PREFERRED: [u8; 3] = [143, 137, 1];
 /// runs beside the others and is started again whenever it exits.
 pub fn is_sidecar(container: &Container) -> bool {
     container.restart_policy.as_deref() == Some("Always")
+}
+
+/// The statuses of a Pod's containers, regular ones first, then the init
+/// containers': native sidecars are reported with the init containers.
+pub fn container_statuses(status: &PodStatus) -> impl Iterator<Item = &ContainerStatus> {
+    let init = status.init_container_statuses.iter().flatten();
+    status.container_statuses.iter().flatten().chain(init)
 }
 
 /// What stopping `name` of `pod` leads to, on a node whose kubelet reads

@@ -40,6 +40,7 @@ use crate::crr::client::{ApiVersion, CrrClient};
 use crate::crr::{ContainerRecreateRequest, Phase, SyncContainerStatus, annotations, labels};
 use crate::crr::{PRE_RECREATE_GRACE, pre_recreate_grace};
 use crate::metrics::CrrOutcome;
+use crate::restart_rules;
 use crate::telemetry::Chain;
 
 /// The readiness gate kruise's Pods carry.
@@ -222,13 +223,9 @@ impl Parts {
         let Some(pod) = self.pod(key) else {
             return HashMap::new();
         };
-        // Native sidecars are reported with the init containers.
         pod.status
             .iter()
-            .flat_map(|s| {
-                let sidecars = s.init_container_statuses.iter().flatten();
-                s.container_statuses.iter().flatten().chain(sidecars)
-            })
+            .flat_map(restart_rules::container_statuses)
             .filter(|s| s.state.as_ref().is_some_and(|st| st.running.is_some()))
             .map(|s| {
                 let entry = SyncContainerStatus {

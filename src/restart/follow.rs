@@ -248,11 +248,7 @@ fn see(crr: &ContainerRecreateRequest, pod: Option<&Pod>) -> Seen {
         .map(|c| c.name.as_str())
         .collect();
     let pod_status = pod.and_then(|p| p.status.clone()).unwrap_or_default();
-    let containers = pod_status
-        .container_statuses
-        .iter()
-        .flatten()
-        .chain(pod_status.init_container_statuses.iter().flatten())
+    let containers = crate::restart_rules::container_statuses(&pod_status)
         .filter(|c| wanted.contains(&c.name.as_str()))
         .map(|c| {
             let last_reason = c

@@ -108,10 +108,7 @@ pub fn ready(pod: &Pod) -> bool {
 pub fn restarts(pod: &Pod) -> BTreeMap<String, i32> {
     pod.status
         .iter()
-        .flat_map(|s| {
-            let sidecars = s.init_container_statuses.iter().flatten();
-            s.container_statuses.iter().flatten().chain(sidecars)
-        })
+        .flat_map(crate::restart_rules::container_statuses)
         .map(|c| (c.name.clone(), c.restart_count))
         .collect()
 }
