@@ -992,17 +992,21 @@ async fn standalone_v1beta1_invalid_crrs_are_refused_at_create_or_ended_once() {
         }
     }
 
+    // Stored as they are, past the schema: as under an older, laxer CRD.
+    let store_all = |prefix: &str| {
+        for (name, extra, _, _) in &bad {
+            cluster
+                .api
+                .create_unchecked(
+                    Resource::Crr,
+                    NAMESPACE,
+                    json!({"metadata": {"name": format!("{prefix}-{name}")}, "spec": spec(extra)}),
+                )
+                .unwrap();
+        }
+    };
     // Stored before the CRD checked them, on a server without ratcheting.
-    for (name, extra, _, _) in &bad {
-        cluster
-            .api
-            .create_unchecked(
-                Resource::Crr,
-                NAMESPACE,
-                json!({"metadata": {"name": format!("old-{name}")}, "spec": spec(extra)}),
-            )
-            .unwrap();
-    }
+    store_all("old");
     for (name, _, schema_says, webhook_says) in &bad {
         let crr = format!("old-{name}");
         let event = wait_for(Duration::from_secs(10), || {
@@ -1040,16 +1044,7 @@ async fn standalone_v1beta1_invalid_crrs_are_refused_at_create_or_ended_once() {
 
     // With ratcheting (Kubernetes 1.30 and later) they end as the webhook says.
     cluster.api.set_ratcheting(true);
-    for (name, extra, _, _) in &bad {
-        cluster
-            .api
-            .create_unchecked(
-                Resource::Crr,
-                NAMESPACE,
-                json!({"metadata": {"name": format!("kept-{name}")}, "spec": spec(extra)}),
-            )
-            .unwrap();
-    }
+    store_all("kept");
     for (name, _, _, webhook_says) in &bad {
         let done = cluster
             .completed(&format!("kept-{name}"), Duration::from_secs(10))

@@ -221,6 +221,31 @@ impl Fleet {
         self.api.get(Resource::Crr, NAMESPACE, name)
     }
 
+    /// The CRR once it is claimed for `node`.
+    async fn claimed_for(&self, name: &str, node: &str) -> Value {
+        wait_for(Duration::from_secs(5), || {
+            self.crr(name)
+                .filter(|c| c["metadata"]["labels"]["crr.apps.kruise.io/node-name"] == node)
+        })
+        .await
+        .unwrap_or_else(|| panic!("CRR {name} not claimed for {node}: {:?}", self.crr(name)))
+    }
+
+    /// The CRR once it is completed (active or not).
+    async fn completed(&self, name: &str, limit: Duration) -> Value {
+        wait_for(limit, || {
+            self.crr(name)
+                .filter(|c| c["status"]["phase"] == "Completed")
+        })
+        .await
+        .unwrap_or_else(|| {
+            panic!(
+                "CRR {name} not completed in {limit:?}: {:?}",
+                self.crr(name)
+            )
+        })
+    }
+
     /// The CRR once it is completed and no longer active.
     async fn finished(&self, name: &str, limit: Duration) -> Value {
         wait_for(limit, || {
@@ -538,21 +563,9 @@ async fn claims_their_node_never_takes_up_are_ended_by_the_holder() {
         .await;
     let created = Instant::now();
     fleet.create("unanswered", "web", "app");
-    let claimed = wait_for(Duration::from_secs(5), || {
-        fleet
-            .crr("unanswered")
-            .filter(|c| c["metadata"]["labels"]["crr.apps.kruise.io/node-name"] == "node-0")
-    })
-    .await
-    .expect("claimed for node-0");
+    let claimed = fleet.claimed_for("unanswered", "node-0").await;
     assert!(claimed["status"]["phase"].is_null(), "{claimed}");
-    let done = wait_for(Duration::from_secs(15), || {
-        fleet
-            .crr("unanswered")
-            .filter(|c| c["status"]["phase"] == "Completed")
-    })
-    .await
-    .expect("ended by the holder");
+    let done = fleet.completed("unanswered", Duration::from_secs(15)).await;
     let waited = created.elapsed();
     assert!(waited >= Duration::from_secs(3), "{waited:?}");
     assert_eq!(
@@ -567,21 +580,11 @@ async fn claims_their_node_never_takes_up_are_ended_by_the_holder() {
 
     // The holder is killed with a claim in waiting: the new holder ends it.
     fleet.create("handed-over", "web", "app");
-    wait_for(Duration::from_secs(5), || {
-        fleet
-            .crr("handed-over")
-            .filter(|c| c["metadata"]["labels"]["crr.apps.kruise.io/node-name"] == "node-0")
-    })
-    .await
-    .expect("claimed for node-0");
+    fleet.claimed_for("handed-over", "node-0").await;
     fleet.agent_mut(1).kill();
-    let done = wait_for(Duration::from_secs(30), || {
-        fleet
-            .crr("handed-over")
-            .filter(|c| c["status"]["phase"] == "Completed")
-    })
-    .await
-    .expect("ended by the new holder");
+    let done = fleet
+        .completed("handed-over", Duration::from_secs(30))
+        .await;
     assert_eq!(
         done["status"]["message"],
         "daemon has not responded for a long time"
