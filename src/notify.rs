@@ -14,6 +14,9 @@ pub fn notify(state: &str) -> io::Result<()> {
         return Ok(());
     };
     let socket = UnixDatagram::unbound()?;
+    // A receiver whose queue is full must not stall the thread (the relay
+    // runs on it): the state is dropped with an error instead.
+    socket.set_nonblocking(true)?;
     let bytes = path.as_encoded_bytes();
     match bytes.strip_prefix(b"@") {
         // An abstract socket: "@name" stands for a leading NUL byte.

@@ -7,9 +7,9 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,31 +19,7 @@ use crr_proxy::reason::Recreated;
 use serde_json::Value;
 use support::ProxyUnderTest;
 use support::containerd::Containerd;
-
-/// The interpreter of the peers' virtualenv (scripts/lib/peers.sh).
-fn python() -> PathBuf {
-    let python = std::env::var_os("CRR_TEST_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| "/var/cache/crr-proxy-test/peers-venv/bin/python".into());
-    assert!(
-        python.exists(),
-        "{} is missing: scripts/test.sh installs the Python peers (ensure_peers)",
-        python.display()
-    );
-    python
-}
-
-fn script(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/peers")
-        .join(name)
-}
-
-fn peer_command(name: &str) -> Command {
-    let mut command = Command::new(python());
-    command.arg("-B").arg(script(name));
-    command
-}
+use support::peers::{GrpcPeer, peer_command};
 
 /// Runs h2_peer's `scenario` against the proxy at `socket` to its end; its
 /// JSON figures on success.
@@ -61,64 +37,6 @@ async fn h2_peer(scenario: &str, socket: &Path, extra: &[&str]) -> Result<Value,
     })
     .await
     .unwrap()
-}
-
-/// A grpcio channel in a Python process, one call per line.
-struct GrpcPeer {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl GrpcPeer {
-    fn start(socket: &Path) -> Self {
-        let mut child = peer_command("grpc_peer.py")
-            .arg("--socket")
-            .arg(socket)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        Self {
-            child,
-            stdin,
-            stdout,
-        }
-    }
-
-    /// One call on the channel; grpcio's answer as JSON.
-    async fn call(&mut self, path: &str, timeout_s: u32) -> Value {
-        let line = format!("call {path} - {timeout_s}\n");
-        let mut peer = PeerIo {
-            stdin: &mut self.stdin,
-            stdout: &mut self.stdout,
-        };
-        tokio::task::block_in_place(move || peer.exchange(&line))
-    }
-}
-
-struct PeerIo<'a> {
-    stdin: &'a mut ChildStdin,
-    stdout: &'a mut BufReader<ChildStdout>,
-}
-
-impl PeerIo<'_> {
-    fn exchange(&mut self, line: &str) -> Value {
-        self.stdin.write_all(line.as_bytes()).unwrap();
-        self.stdin.flush().unwrap();
-        let mut answer = String::new();
-        self.stdout.read_line(&mut answer).unwrap();
-        serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{e}: {answer:?}"))
-    }
-}
-
-impl Drop for GrpcPeer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 const VERSION: &str = "/runtime.v1.RuntimeService/Version";
@@ -325,6 +243,133 @@ async fn a_protocol_error_ends_with_the_queued_answers_and_a_goaway() {
         figures["last_goaway"]["error"], "PROTOCOL_ERROR",
         "{figures}"
     );
+}
+
+/// The same error while the runtime has begun a header block for a second
+/// call and not ended it: the queued answer, then the GOAWAY, still go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_protocol_error_behind_an_unfinished_header_block_still_ends_with_a_goaway() {
+    let runtime = support::temp_socket("scripted-runtime");
+    let flags = ["--answer-bytes", "300000", "--open-block-after-first"];
+    let _server = ScriptedRuntime::start(&runtime, &flags);
+    let proxy = ProxyUnderTest::to(Endpoint::from_path(&runtime));
+    let figures = h2_peer("error-after-queued", &proxy.socket, &["--calls", "2"])
+        .await
+        .unwrap();
+    assert!(figures["data_bytes"].as_u64().unwrap() > 0, "{figures}");
+    assert_eq!(
+        figures["last_goaway"]["error"], "PROTOCOL_ERROR",
+        "{figures}"
+    );
+}
+
+/// An edited answer held for its stream's window when the client breaks
+/// the protocol still goes, whole, once the client opens the window; then
+/// GOAWAY(PROTOCOL_ERROR).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_protocol_error_while_an_answer_is_held_gives_the_answer_first() {
+    let ctrd = Containerd::start().unwrap();
+    let (proxy, id) = proxy_with_an_exited_recreated_container(&ctrd).await;
+    let extra = ["--container-id", &id, "--release", "error"];
+    let figures = h2_peer("held-stream", &proxy.socket, &extra).await.unwrap();
+    assert!(
+        figures["held_body_bytes"].as_u64().unwrap() > 16,
+        "{figures}"
+    );
+    assert_eq!(
+        figures["last_goaway"]["error"], "PROTOCOL_ERROR",
+        "{figures}"
+    );
+}
+
+/// A runtime restarting gracefully: GOAWAY(1) while stream 1 runs, then
+/// its answer, then it closes. The client gets that answer, small or larger
+/// than its windows, whether it is grpcio, raw frames or our own client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_after_the_runtimes_goaway_reaches_the_client() {
+    for bytes in ["10", "300000"] {
+        let runtime = support::temp_socket("scripted-runtime");
+        let flags = ["--goaway-then-answer", "--answer-bytes", bytes];
+        let _server = ScriptedRuntime::start(&runtime, &flags);
+        let proxy = ProxyUnderTest::to(Endpoint::from_path(&runtime));
+
+        let mut grpc = GrpcPeer::start(&proxy.socket);
+        for round in 0..3 {
+            let answer = grpc.call(VERSION, 5).await;
+            assert_eq!(
+                code(&answer),
+                "OK",
+                "{bytes} bytes, grpcio call {round}: {answer}"
+            );
+        }
+
+        let extra = ["--listen-seconds", "1"];
+        let figures = h2_peer("goaway-order", &proxy.socket, &extra).await;
+        let figures = figures.unwrap_or_else(|e| panic!("{bytes} bytes, raw frames: {e}"));
+        assert_eq!(figures["goaways"][0]["last_stream_id"], 1, "{figures}");
+
+        let mut ours = support::raw::connect(&proxy.socket).await.unwrap();
+        let request = support::raw::grpc_request(VERSION, &[], support::raw::grpc_frame(&[]));
+        let response = support::raw::send(&mut ours, request).await.unwrap();
+        let recorded = support::raw::record(response).await.unwrap();
+        assert_eq!(
+            support::raw::grpc_status(&recorded).as_deref(),
+            Some("0"),
+            "{bytes} bytes, our client: {recorded:?}"
+        );
+    }
+}
+
+/// A runtime that dies after one complete answer, in the middle of the
+/// next one's header block, while the client is slow to read: the complete
+/// answer still reaches the client whole, the other call ends UNAVAILABLE,
+/// and a GOAWAY ends the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_dying_mid_block_loses_none_of_the_answers_before_it() {
+    let runtime = support::temp_socket("scripted-runtime");
+    let flags = [
+        "--answer-bytes",
+        "300000",
+        "--open-block-after-first",
+        "--close-after-block",
+    ];
+    let _server = ScriptedRuntime::start(&runtime, &flags);
+    let proxy = ProxyUnderTest::to(Endpoint::from_path(&runtime));
+    let figures = h2_peer("slow-reader", &proxy.socket, &[]).await.unwrap();
+    let streams = &figures["streams"];
+    assert_eq!(streams["1"]["grpc_status"], 0, "{figures}");
+    assert!(
+        streams["1"]["body_bytes"].as_u64().unwrap() > 300_000,
+        "{figures}"
+    );
+    assert_eq!(streams["3"]["grpc_status"], 14, "{figures}");
+    let goaways = figures["goaways"].as_array().unwrap();
+    assert_eq!(goaways.last().unwrap()[1], "NO_ERROR", "{figures}");
+}
+
+/// Shutdown as RFC 9113 §6.8 says: GOAWAY(2^31-1), a PING, and after its
+/// ACK (or, without one, within two seconds) a GOAWAY naming the last
+/// stream taken; a call that reached the proxy before the ACK is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_pings_then_names_the_last_stream_it_answers() {
+    let runtime = support::temp_socket("scripted-runtime");
+    let _server = ScriptedRuntime::start(&runtime, &[]);
+    for ack in ["--ack", "--no-ack"] {
+        let proxy = ProxyUnderTest::to(Endpoint::from_path(&runtime));
+        let ready = proxy.socket.with_extension("ready");
+        let peer = tokio::spawn({
+            let (socket, ready) = (proxy.socket.clone(), ready.display().to_string());
+            async move { h2_peer("drain", &socket, &["--ready-file", &ready, ack]).await }
+        });
+        tokio::task::block_in_place(|| support::wait_for_path(&ready));
+        proxy.stop().await;
+        let figures = peer.await.unwrap().unwrap_or_else(|e| panic!("{ack}: {e}"));
+        let waited = figures["final_goaway_ms"].as_f64().unwrap();
+        match ack {
+            "--ack" => assert!(waited < 1000.0, "{figures}"),
+            _ => assert!((1500.0..4000.0).contains(&waited), "{figures}"),
+        }
+    }
 }
 
 /// h2_peer's `runtime-server`: a scripted runtime on a socket.

@@ -65,6 +65,13 @@ const HIGH_WATER: usize = 256 << 10;
 /// broke the protocol) may take to hand the client what is queued for it.
 const LINGER: Duration = Duration::from_secs(5);
 
+/// How long a draining connection waits for the client to acknowledge the
+/// drain's PING before it sends the final GOAWAY anyway.
+const DRAIN_PING_WAIT: Duration = Duration::from_secs(2);
+
+/// The payload of the drain's PING, which the relay answers itself.
+const DRAIN_PING: [u8; 8] = *b"crr-drn\0";
+
 #[derive(Debug, thiserror::Error)]
 pub(super) enum RelayError {
     #[error("the client did not open with the HTTP/2 connection preface")]
@@ -77,6 +84,8 @@ pub(super) enum RelayError {
     Codec(#[from] CodecError),
     #[error("the runtime sent PUSH_PROMISE, which gRPC never uses")]
     Push,
+    #[error("stream {0} was opened after the final GOAWAY")]
+    AfterGoaway(u32),
     #[error("reading from the client")]
     Client(#[source] io::Error),
 }
@@ -89,6 +98,15 @@ impl RelayError {
             Self::Codec(CodecError::Hpack(_)) => frame::COMPRESSION_ERROR,
             _ => frame::PROTOCOL_ERROR,
         }
+    }
+
+    /// The client's frames can still be told apart after this error, so
+    /// the relay may go on reading its credit for what is held.
+    fn framing_intact(&self) -> bool {
+        matches!(
+            self,
+            Self::Codec(CodecError::Interleaved(_) | CodecError::Hpack(_)) | Self::AfterGoaway(_)
+        )
     }
 }
 
@@ -131,7 +149,8 @@ impl Relay {
         self.state.metrics.upstream_connected();
         let mut draining = false;
         let linger = tokio::time::sleep(Duration::MAX);
-        tokio::pin!(linger);
+        let ping_wait = tokio::time::sleep(Duration::MAX);
+        tokio::pin!(linger, ping_wait);
         loop {
             tokio::select! {
                 step = poll_fn(|cx| self.poll(cx)) => match step {
@@ -144,6 +163,12 @@ impl Relay {
                 _ = shutdown.wait_for(|stop| *stop), if !draining => {
                     draining = true;
                     self.state.drain();
+                    let deadline = tokio::time::Instant::now() + DRAIN_PING_WAIT;
+                    ping_wait.as_mut().reset(deadline);
+                }
+                () = &mut ping_wait, if self.state.drain == Drain::Pinged => {
+                    debug!("the client did not acknowledge the drain's PING in time");
+                    self.state.drain_acked();
                 }
                 () = &mut linger => {
                     debug!("the client did not take what was queued for it in time");
@@ -209,16 +234,20 @@ impl Relay {
                 *ending = true;
                 return Poll::Ready(Step::Ending);
             }
-            if !state.ends.failed && !state.ends.client_eof && state.to_upstream.len() < HIGH_WATER
-            {
+            if state.reads_client() {
                 match client.poll_read(cx, &mut state.from_client) {
                     Poll::Ready(Ok(0)) => {
                         state.ends.client_eof = true;
                         progress = true;
                     }
                     Poll::Ready(Ok(_)) => {
-                        if let Err(error) = state.client_frames() {
-                            state.fail(&error);
+                        match state.failure.is_some() {
+                            true => state.credit_after_failure(),
+                            false => {
+                                if let Err(error) = state.client_frames() {
+                                    state.fail(&error);
+                                }
+                            }
                         }
                         progress = true;
                     }
@@ -266,10 +295,38 @@ struct Ends {
     upstream_shut: bool,
     /// Writing to the runtime failed; what would go there is dropped.
     upstream_broken: bool,
-    /// The client broke the protocol: only what is queued for it still goes.
+    /// The client broke the protocol, or the relay gave up on the
+    /// connection: only what is queued for the client still goes.
     failed: bool,
-    /// Shutting down: the client was told to go elsewhere.
-    draining: bool,
+}
+
+/// Shutdown as RFC 9113 §6.8 describes it: a GOAWAY saying every stream
+/// may still come, a PING, and once the client has acknowledged it (so
+/// that every stream it opened before it saw the first GOAWAY has arrived)
+/// a GOAWAY naming the last stream that will be answered. A stream above
+/// it was never passed on, so the client may send it again elsewhere.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Drain {
+    #[default]
+    Serving,
+    /// The first GOAWAY and the PING went; the ACK is awaited.
+    Pinged,
+    /// The final GOAWAY went, naming `last`: the connection ends with its
+    /// last call.
+    Final { last: u32 },
+}
+
+/// The client broke the protocol: why, for the GOAWAY that ends the
+/// connection once the answers the relay holds have gone.
+#[derive(Debug)]
+struct Failure {
+    code: u32,
+    message: String,
+    /// The GOAWAY is queued.
+    told: bool,
+    /// The client's frames can still be read (for the credit that lets
+    /// held answers go).
+    reads: bool,
 }
 
 /// The GOAWAYs of the connection (RFC 9113 §6.8).
@@ -312,6 +369,8 @@ struct State {
     /// The largest frame the runtime accepts (what the client may send).
     upstream_max_frame: usize,
     goaways: Goaways,
+    drain: Drain,
+    failure: Option<Failure>,
     /// Connection credit for edited bytes the relay holds, kept back from
     /// the runtime while it holds more than `HELD_LIMIT` (`responses`).
     uncredited: u32,
@@ -327,8 +386,8 @@ impl State {
             recreated,
             from_client: Inbox::default(),
             from_upstream: Inbox::default(),
-            to_upstream: Outbound::default(),
-            to_client: Outbound::default(),
+            to_upstream: Outbound::to_runtime(),
+            to_client: Outbound::to_client(),
             ends: Ends::default(),
             requests: Blocks::new(hpack::Decoder::new()),
             // The runtime is told the client's table is empty.
@@ -338,6 +397,8 @@ impl State {
             client_max_frame: frame::DEFAULT_MAX_FRAME,
             upstream_max_frame: frame::DEFAULT_MAX_FRAME,
             goaways: Goaways::default(),
+            drain: Drain::Serving,
+            failure: None,
             uncredited: 0,
             settings_seen: false,
         }
@@ -346,12 +407,14 @@ impl State {
     /// Nothing more to do: the client has everything it will get, and the
     /// runtime is gone (or, draining, every call has finished).
     fn finished(&self) -> bool {
-        if self.ends.failed {
-            // What waits behind an open header block cannot go.
-            return self.to_client.data().is_empty();
+        if let Some(failure) = &self.failure {
+            // Once the GOAWAY is queued, or if a torn header block keeps
+            // everything else back, only what is ready can still go.
+            let stuck = self.to_client.block_open();
+            return (failure.told || stuck) && self.to_client.data().is_empty();
         }
         let settled = self.ends.upstream_eof
-            || (self.ends.draining && self.streams.is_empty())
+            || (matches!(self.drain, Drain::Final { .. }) && self.streams.is_empty())
             || (self.ends.client_eof && self.to_upstream.is_empty() && self.streams.is_empty());
         settled && self.to_client.is_empty() && !self.streams.any_waiting()
     }
@@ -361,6 +424,18 @@ impl State {
         self.ends.failed || self.ends.upstream_eof
     }
 
+    /// The client's bytes are read: normally while the runtime keeps up
+    /// with them; after a failure only for the credit held answers need.
+    fn reads_client(&self) -> bool {
+        if self.ends.client_eof || self.to_upstream.len() >= HIGH_WATER {
+            return false;
+        }
+        match &self.failure {
+            None => !self.ends.failed,
+            Some(failure) => failure.reads && !failure.told,
+        }
+    }
+
     /// Tells the client no stream after `last` was or will be processed.
     fn goaway(&mut self, last: u32, code: u32, debug: &[u8]) {
         let last = self.goaways.next(last);
@@ -368,22 +443,71 @@ impl State {
             .own(|out| frame::goaway(last, code, debug, out));
     }
 
-    /// The client broke the protocol: it is told why, after what is queued
-    /// for it, and the runtime connection ends (RFC 9113 §5.4.1).
+    /// The client broke the protocol: the runtime connection ends, and the
+    /// client is told why (RFC 9113 §5.4.1) once the complete answers the
+    /// relay holds for it have gone, as its windows allow, within `LINGER`.
     fn fail(&mut self, error: &RelayError) {
         debug!(error = %Chain(error), "client connection failed");
         self.ends.failed = true;
         self.to_upstream.clear();
-        self.streams = Streams::default();
+        // A header block of the runtime's that will never end keeps
+        // nothing back, unless some of it has gone already.
+        self.to_client.abandon_block();
+        self.to_client.preface();
+        for id in self.streams.ids() {
+            if self.streams.get_mut(id).is_some_and(|s| !s.ended) {
+                // Its answer will never be complete.
+                self.streams.remove(id);
+            }
+        }
+        self.failure = Some(Failure {
+            code: error.code(),
+            message: error.to_string(),
+            told: false,
+            reads: error.framing_intact(),
+        });
+        match self.failure.as_ref().is_some_and(|f| f.reads) {
+            // What the client sent after the bad frame may be credit.
+            true => self.credit_after_failure(),
+            false => self.settle_failure(),
+        }
+    }
+
+    /// After a failure, the GOAWAY goes once nothing is held any more.
+    fn settle_failure(&mut self) {
         let last = self.goaways.last_client_stream;
-        self.goaway(last, error.code(), error.to_string().as_bytes());
+        let held = self.streams.any_waiting();
+        let Some(failure) = self.failure.as_mut().filter(|f| !f.told && !held) else {
+            return;
+        };
+        failure.told = true;
+        let (code, message) = (failure.code, std::mem::take(&mut failure.message));
+        self.goaway(last, code, message.as_bytes());
     }
 
     /// Shutdown: tell the client to open no more streams here (RFC 9113
-    /// §6.8: the largest stream ID first), and let the calls in flight end.
+    /// §6.8: the largest stream ID first) and ask for a PING's ACK.
     fn drain(&mut self) {
-        self.ends.draining = true;
+        if self.drain != Drain::Serving {
+            return;
+        }
+        self.drain = Drain::Pinged;
         self.goaway(frame::MAX_STREAM, frame::NO_ERROR, b"");
+        self.to_client
+            .own(|out| frame::put(out, frame::PING, 0, 0, &DRAIN_PING));
+    }
+
+    /// The client acknowledged the drain's PING (or did not in time): every
+    /// stream it opened in time has arrived, and the final GOAWAY names the
+    /// last of them; the connection ends with its last call.
+    fn drain_acked(&mut self) {
+        if self.drain != Drain::Pinged {
+            return;
+        }
+        let opening = self.requests.open_stream().unwrap_or(0);
+        let last = self.goaways.last_client_stream.max(opening);
+        self.drain = Drain::Final { last };
+        self.goaway(last, frame::NO_ERROR, b"");
     }
 }
 

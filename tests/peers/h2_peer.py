@@ -322,6 +322,8 @@ class Conn:
         self.block = None             # the peer's header block in progress
         self.goaways = []             # (last_stream_id, code, debug)
         self.pings_acked = set()
+        self.answer_pings = True      # ACK the peer's PINGs at once
+        self.pings_received = []
         self.settings_acks = 0
         self.peer_settings = {}
         self.eof = False
@@ -536,7 +538,9 @@ class Conn:
             if flags & ACK:
                 self.pings_acked.add(payload)
             else:
-                self.send(frame(PING, ACK, 0, payload))
+                self.pings_received.append(payload)
+                if self.answer_pings:
+                    self.send(frame(PING, ACK, 0, payload))
         elif kind == GOAWAY:
             last, code = struct.unpack(">II", payload[:8])
             self.goaways.append((last & 0x7FFFFFFF, code, payload[8:]))
@@ -655,6 +659,8 @@ def held_stream(args):
         raise Fail("; ".join(problems))
 
     t0 = time.monotonic()
+    if args.release == "error":
+        return held_then_error(conn, held, figures, t0)
     if args.release == "settings":
         conn.settings({SETTINGS_INITIAL_WINDOW_SIZE: 1 << 20})
         conn.pump(held.done, 5, "stream 1 after SETTINGS INITIAL_WINDOW_SIZE=1048576")
@@ -673,6 +679,30 @@ def held_stream(args):
         figures["release_ms"] = ms_since(t0)
     no_error_goaway(conn, "held-stream")
     conn.close()
+    return figures
+
+
+def held_then_error(conn, held, figures, t0):
+    """We break the protocol (a PING inside our own header block) while the
+    proxy holds stream 1's answer, then open its window: the whole answer
+    still comes, then GOAWAY(PROTOCOL_ERROR)."""
+    broken = conn.open_stream()
+    conn.send(frame(HEADERS, 0, broken.id, conn.request_block(VERSION))
+              + frame(PING, 0, 0, b"mid-blk!"))
+    conn.settings({SETTINGS_INITIAL_WINDOW_SIZE: 1 << 20})
+    conn.pump(lambda: held.done() or conn.eof, 5, "stream 1 after our protocol error")
+    check_ok(held, "stream 1, answered before the connection ends")
+    if REASON not in held.data:
+        raise Fail(f"stream 1's answer ({len(held.data)} bytes) lacks {REASON.decode()}")
+    figures["release_ms"] = ms_since(t0)
+    figures["held_body_bytes"] = len(held.data)
+    conn.idle(5, "waiting for the GOAWAY and the end")
+    if not conn.eof:
+        raise Fail("the connection stayed open 5 s after our protocol error")
+    if not conn.goaways or conn.goaways[-1][1] != PROTOCOL_ERROR:
+        raise Fail(f"the connection did not end with GOAWAY(PROTOCOL_ERROR){conn.goaway_note()}")
+    figures["last_goaway"] = {"last_stream_id": conn.goaways[-1][0],
+                              "error": error_name(conn.goaways[-1][1])}
     return figures
 
 
@@ -819,6 +849,41 @@ def goaway_order(args):
     return {"call_ms": call_ms, "goaways": goaways, "closed": conn.eof}
 
 
+def drain(args):
+    """The proxy shuts down as RFC 9113 §6.8 says: GOAWAY(2^31-1) and a
+    PING; a stream that reaches it before the PING's ACK is answered; then
+    a GOAWAY naming the last stream it took, and the end once that stream
+    is answered. Without our ACK, the final GOAWAY still comes, in time."""
+    conn = Conn(args.socket)
+    _, figures_ms = conn.call(VERSION, version_request(), 5, "the first Version call")
+    conn.answer_pings = False
+    with open(args.ready_file, "w") as f:
+        f.write("ready\n")
+    conn.pump(lambda: conn.goaways, 10, "waiting for the first GOAWAY")
+    first = conn.goaways[0]
+    if first[0] != 0x7FFFFFFF or first[1] != NO_ERROR:
+        raise Fail(f"the first GOAWAY was not (2^31-1, NO_ERROR){conn.goaway_note()}")
+    conn.pump(lambda: conn.pings_received, 2, "waiting for the PING after the first GOAWAY")
+    # A call that crossed the GOAWAY on its way: it went before our ACK,
+    # so it must be served.
+    crossing = conn.start_call(VERSION, version_request())
+    t0 = time.monotonic()
+    if args.ack:
+        conn.send(frame(PING, ACK, 0, conn.pings_received[0]))
+    conn.pump(lambda: len(conn.goaways) >= 2, 5, "waiting for the final GOAWAY")
+    final_ms = ms_since(t0)
+    last, code, _ = conn.goaways[1]
+    if code != NO_ERROR or last != crossing.id:
+        raise Fail(f"the final GOAWAY should name stream {crossing.id}{conn.goaway_note()}")
+    conn.pump(crossing.done, 5, f"stream {crossing.id}, taken before the final GOAWAY")
+    check_ok(crossing, f"stream {crossing.id}")
+    conn.idle(5, "waiting for the end")
+    if not conn.eof:
+        raise Fail("the connection stayed open 5 s after its last call")
+    return {"first_call_ms": figures_ms, "final_goaway_ms": final_ms,
+            "goaways": [(g[0], error_name(g[1])) for g in conn.goaways]}
+
+
 def runtime_server(args):
     """A scripted runtime: answers every request with one message of
     --answer-bytes, within the client's windows."""
@@ -854,13 +919,16 @@ def runtime_server(args):
         pending = {}   # stream -> [headers sent, bytes left]
         answered = 0
         goaway_after = None
+        stalled = set()
         sock.setblocking(False)
         while True:
             # Produce what the windows allow, while little waits unsent.
             for sid in sorted(pending):
                 if len(out) > (1 << 20):
                     break
-                state = pending[sid]
+                state = pending.get(sid)
+                if state is None:
+                    continue
                 if not state[0]:
                     conn.send_headers(sid, [(b":status", b"200"),
                                             (b"content-type", b"application/grpc")])
@@ -877,6 +945,27 @@ def runtime_server(args):
                     conn.send_headers(sid, [(b"grpc-status", b"0")], end_stream=True)
                     del pending[sid]
                     answered += 1
+                    if args.goaway_then_answer and sid == goaway_after:
+                        # A graceful restart: the answer promised by the
+                        # GOAWAY goes, then the connection closes.
+                        out += conn.data_to_send()
+                        sock.setblocking(True)
+                        sock.sendall(out)
+                        return
+                    if args.open_block_after_first and answered == 1:
+                        # A header block begun and never ended, on every
+                        # other stream's behalf (only one may be open).
+                        for other in [s for s in pending if s != sid][:1]:
+                            out += conn.data_to_send()
+                            out += frame(HEADERS, 0, other, b"\x88")
+                            stalled.add(other)
+                            del pending[other]
+                        if args.close_after_block:
+                            # A runtime that dies mid-block.
+                            out += conn.data_to_send()
+                            sock.setblocking(True)
+                            sock.sendall(out)
+                            return
                     if args.goaway_after_first and answered == 1:
                         out += conn.data_to_send()
                         out += goaway_frame(sid, NO_ERROR)
@@ -915,8 +1004,14 @@ def runtime_server(args):
                     if isinstance(ev, h2.events.DataReceived):
                         conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
                     elif isinstance(ev, h2.events.StreamEnded):
+                        if args.goaway_then_answer and goaway_after is None:
+                            # Stream 1 will be answered, nothing after it.
+                            out += conn.data_to_send()
+                            out += goaway_frame(ev.stream_id, NO_ERROR)
+                            goaway_after = ev.stream_id
                         if goaway_after is None or ev.stream_id <= goaway_after:
-                            pending[ev.stream_id] = [False, body]
+                            if ev.stream_id not in stalled:
+                                pending[ev.stream_id] = [False, body]
                     elif isinstance(ev, h2.events.StreamReset):
                         pending.pop(ev.stream_id, None)
                     elif isinstance(ev, h2.events.ConnectionTerminated):
@@ -942,14 +1037,44 @@ def runtime_server(args):
             sock.close()
 
 
+def slow_reader(args):
+    """Several calls at once, then a pause without reading (answers queue
+    up in the proxy), then everything to the end: each stream's outcome."""
+    window = 16 << 20
+    conn = Conn(args.socket, {SETTINGS_INITIAL_WINDOW_SIZE: window}, connection_window=window)
+    out = b""
+    streams = []
+    for _ in range(args.calls):
+        st = conn.open_stream()
+        streams.append(st)
+        out += (frame(HEADERS, END_HEADERS, st.id, conn.request_block(VERSION))
+                + frame(DATA, END_STREAM, st.id, version_request()))
+    conn.send(out)
+    step("not reading, so that the answers queue up in the proxy")
+    time.sleep(args.pause)
+    conn.pump(lambda: all(st.done() for st in streams), args.read_timeout,
+              "every stream's end", allow_eof=True)
+    conn.idle(2, "until the connection ends")
+    return {"streams": {str(st.id): {"grpc_status": st.grpc_status(),
+                                     "message": (st.field(b"grpc-message") or b"").decode(
+                                         errors="replace"),
+                                     "body_bytes": len(st.data), "ended": st.ended}
+                        for st in streams},
+            "goaways": [(g[0], error_name(g[1])) for g in conn.goaways],
+            "closed": conn.eof}
+
+
 def error_after_queued(args):
     """A client's protocol error while answers wait for it: the proxy ends
     with whole frames and a GOAWAY(PROTOCOL_ERROR)."""
     window = 16 << 20
     conn = Conn(args.socket, {SETTINGS_INITIAL_WINDOW_SIZE: window}, connection_window=window)
-    st = conn.open_stream()
-    conn.send(frame(HEADERS, END_HEADERS, st.id, conn.request_block(VERSION))
-              + frame(DATA, END_STREAM, st.id, version_request()))
+    out = b""
+    for _ in range(args.calls):
+        st = conn.open_stream()
+        out += (frame(HEADERS, END_HEADERS, st.id, conn.request_block(VERSION))
+                + frame(DATA, END_STREAM, st.id, version_request()))
+    conn.send(out)
     step("not reading, so that the proxy's buffer towards us fills")
     time.sleep(args.pause)
     # A CONTINUATION with no header block open: a connection error
@@ -1007,7 +1132,9 @@ SCENARIOS = {
     "hpack-flood": (hpack_flood, None),
     "goaway-order": (goaway_order, None),
     "runtime-server": (runtime_server, None),
+    "drain": (drain, 20),
     "error-after-queued": (error_after_queued, None),
+    "slow-reader": (slow_reader, 20),
 }
 
 
@@ -1025,7 +1152,7 @@ def main():
 
     s = add("held-stream", "an edited answer held by a 16-byte stream window")
     s.add_argument("--container-id", required=True)
-    s.add_argument("--release", choices=["settings", "rst"], required=True)
+    s.add_argument("--release", choices=["settings", "rst", "error"], required=True)
     s.add_argument("--release-only", action="store_true",
                    help="skip the PING and Version while stream 1 waits: test the release alone")
     s = add("block-open", "no relay frame between a client's HEADERS and CONTINUATION")
@@ -1043,11 +1170,26 @@ def main():
     s = add("goaway-order", "GOAWAY last_stream_id never rises")
     s.add_argument("--listen-seconds", type=float, default=5)
     s.add_argument("--ready-file", help="written once the first call is done")
+    s = add("drain", "the proxy's graceful shutdown, PING and final GOAWAY")
+    s.add_argument("--ready-file", required=True, help="written once the first call is done")
+    s.add_argument("--ack", action=argparse.BooleanOptionalAction, default=True,
+                   help="acknowledge the proxy's PING")
     s = add("runtime-server", "a scripted CRI runtime on --socket")
     s.add_argument("--answer-bytes", type=int, default=10)
     s.add_argument("--goaway-after-first", action="store_true")
+    s.add_argument("--goaway-then-answer", action="store_true",
+                   help="GOAWAY(first stream) at its request's end, then its answer, then close")
+    s.add_argument("--open-block-after-first", action="store_true",
+                   help="after the first answer, begin another stream's header block, never end it")
+    s.add_argument("--close-after-block", action="store_true",
+                   help="with --open-block-after-first: then close the connection")
+    s = add("slow-reader", "calls whose answers queue up in the proxy before we read")
+    s.add_argument("--calls", type=int, default=2)
+    s.add_argument("--pause", type=float, default=1.0)
+    s.add_argument("--read-timeout", type=float, default=10)
     s = add("error-after-queued", "a protocol error while answers are queued")
     s.add_argument("--pause", type=float, default=1.0)
+    s.add_argument("--calls", type=int, default=1, help="Version calls sent at once")
     s.add_argument("--read-timeout", type=float, default=10)
 
     args = p.parse_args()

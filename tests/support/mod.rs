@@ -8,6 +8,7 @@ pub mod demo;
 pub mod images;
 pub mod interposer;
 pub mod kubelet;
+pub mod peers;
 pub mod pods;
 pub mod policy;
 pub mod raw;

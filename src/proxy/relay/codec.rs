@@ -56,6 +56,11 @@ impl Blocks {
             .allow(usize::try_from(size).unwrap_or(usize::MAX));
     }
 
+    /// The stream whose header block is under way.
+    pub fn open_stream(&self) -> Option<u32> {
+        self.open.as_ref().map(|block| block.stream)
+    }
+
     /// Checks that `head` may come now: nothing but the block's own
     /// CONTINUATION while a block is open, and no CONTINUATION otherwise.
     pub fn check(&self, head: Head) -> Result<(), CodecError> {

@@ -1,51 +1,132 @@
-//! One direction's bytes on their way out, and the rule that keeps header
-//! blocks whole: while a header block relayed from the peer is open (its
-//! HEADERS went without END_HEADERS), no other frame may go out on that
-//! connection (RFC 9113 §6.10), so the relay's own frames wait until the
-//! block's last CONTINUATION has gone.
+//! One direction's bytes on their way out, and the rules that keep the
+//! connection well-formed:
+//! - while a header block relayed from the peer is open (its HEADERS went
+//!   without END_HEADERS), no other frame may go out on that connection
+//!   (RFC 9113 §6.10), so the relay's own frames wait until the block's
+//!   last CONTINUATION has gone;
+//! - towards the client, the server's connection preface (the runtime's
+//!   SETTINGS) comes first (RFC 9113 §3.4), so the relay's own frames wait
+//!   for it, or the relay sends a preface of its own when the runtime never
+//!   will (`preface`).
 
 use bytes::{Buf, BytesMut};
 
 use super::super::frame::{self, Head};
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Outbound {
     /// Ready to write, in order.
     ready: BytesMut,
-    /// The relay's own frames, waiting for the open block to end.
+    /// The relay's own frames, waiting for the open block to end or for
+    /// the preface.
     own: BytesMut,
-    /// A relayed header block has not ended.
-    block_open: bool,
+    block: Block,
+    /// The first frame has been queued: the relay's own may follow.
+    opened: bool,
+}
+
+/// The relayed header block that is under way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Block {
+    Closed,
+    /// It begins `at` bytes into `ready`: nothing of it has been written.
+    Open {
+        at: usize,
+    },
+    /// Some of it has been written: it can only be completed.
+    Torn,
 }
 
 impl Outbound {
-    /// Passes a frame from the peer on, in the order it came.
-    pub fn relay(&mut self, head: Head, frame: &[u8]) {
-        self.ready.extend_from_slice(frame);
-        match head.kind {
-            frame::HEADERS | frame::PUSH_PROMISE | frame::CONTINUATION => {
-                self.block_open = head.flags & frame::END_HEADERS == 0;
-                if !self.block_open && !self.own.is_empty() {
-                    let own = self.own.split();
-                    self.ready.unsplit(own);
-                }
-            }
-            _ => {}
+    /// Towards the runtime: the relay writes the client's preface itself.
+    pub fn to_runtime() -> Self {
+        Self::new(true)
+    }
+
+    /// Towards the client: nothing of the relay's own goes before the
+    /// runtime's SETTINGS (or the relay's `preface`).
+    pub fn to_client() -> Self {
+        Self::new(false)
+    }
+
+    fn new(opened: bool) -> Self {
+        Self {
+            ready: BytesMut::new(),
+            own: BytesMut::new(),
+            block: Block::Closed,
+            opened,
         }
     }
 
+    /// Passes a frame from the peer on, in the order it came.
+    pub fn relay(&mut self, head: Head, frame: &[u8]) {
+        let at = self.ready.len();
+        self.ready.extend_from_slice(frame);
+        match head.kind {
+            frame::HEADERS | frame::PUSH_PROMISE | frame::CONTINUATION => {
+                let ends = head.flags & frame::END_HEADERS != 0;
+                self.block = match (self.block, ends) {
+                    (_, true) => Block::Closed,
+                    (Block::Closed, false) => Block::Open { at },
+                    (open, false) => open,
+                };
+            }
+            _ => {}
+        }
+        self.opened = true;
+        self.release();
+    }
+
     /// Writes frames of the relay's own (whole frames, or whole header
-    /// blocks): now, or as soon as the open block ends.
+    /// blocks): now, or as soon as they may go.
     pub fn own(&mut self, write: impl FnOnce(&mut BytesMut)) {
-        match self.block_open {
+        match self.held_back() {
             true => write(&mut self.own),
             false => write(&mut self.ready),
         }
     }
 
-    /// A relayed header block is open.
+    /// The runtime will send no preface: an empty SETTINGS of the relay's
+    /// own opens the connection, so its own frames can go.
+    pub fn preface(&mut self) {
+        if !self.opened {
+            frame::settings(0, &[], &mut self.ready);
+            self.opened = true;
+            self.release();
+        }
+    }
+
+    /// The open block will never be completed (its sender is gone): if none
+    /// of it was written, it is dropped and the relay's own frames may go;
+    /// false if some of it was, and nothing more may go.
+    pub fn abandon_block(&mut self) -> bool {
+        match self.block {
+            Block::Closed => true,
+            Block::Open { at } => {
+                self.ready.truncate(at);
+                self.block = Block::Closed;
+                self.release();
+                true
+            }
+            Block::Torn => false,
+        }
+    }
+
+    fn held_back(&self) -> bool {
+        !self.opened || self.block != Block::Closed
+    }
+
+    /// Moves the relay's waiting frames into line once they may go.
+    fn release(&mut self) {
+        if !self.held_back() && !self.own.is_empty() {
+            let own = self.own.split();
+            self.ready.unsplit(own);
+        }
+    }
+
+    /// A relayed header block has not ended.
     pub fn block_open(&self) -> bool {
-        self.block_open
+        self.block != Block::Closed
     }
 
     /// What is ready to write.
@@ -56,6 +137,12 @@ impl Outbound {
     /// `n` bytes were written.
     pub fn advance(&mut self, n: usize) {
         self.ready.advance(n);
+        if let Block::Open { at } = self.block {
+            self.block = match at.checked_sub(n) {
+                Some(at) => Block::Open { at },
+                None => Block::Torn,
+            };
+        }
     }
 
     /// Bytes ready or waiting.
@@ -71,11 +158,14 @@ impl Outbound {
     pub fn clear(&mut self) {
         self.ready.clear();
         self.own.clear();
-        self.block_open = false;
+        self.block = Block::Closed;
     }
 
     /// Takes what is ready (fuzzing and tests read the relay's output so).
     pub fn take(&mut self) -> BytesMut {
+        if let Block::Open { .. } = self.block {
+            self.block = Block::Torn;
+        }
         self.ready.split()
     }
 }
@@ -95,7 +185,7 @@ mod tests {
 
     #[test]
     fn own_frames_wait_for_an_open_block_to_end() {
-        let mut out = Outbound::default();
+        let mut out = Outbound::to_runtime();
         out.own(|b| b.extend_from_slice(b"a"));
         out.relay(head(frame::HEADERS, 0), b"H");
         out.own(|b| b.extend_from_slice(b"b"));
@@ -108,5 +198,41 @@ mod tests {
         out.own(|b| b.extend_from_slice(b"c"));
         assert_eq!(out.data(), b"aHCEbhc");
         assert_eq!(out.len(), 7);
+    }
+
+    #[test]
+    fn own_frames_towards_the_client_wait_for_the_runtimes_settings() {
+        let mut out = Outbound::to_client();
+        out.own(|b| b.extend_from_slice(b"g"));
+        assert_eq!(out.data(), b"");
+        out.relay(head(frame::SETTINGS, 0), b"S");
+        assert_eq!(out.data(), b"Sg");
+
+        let mut out = Outbound::to_client();
+        out.own(|b| b.extend_from_slice(b"g"));
+        out.preface();
+        let (settings, rest) = out.data().split_at(frame::HEAD_LEN);
+        assert_eq!(settings[3], frame::SETTINGS);
+        assert_eq!(rest, b"g");
+    }
+
+    /// A block whose sender went away is dropped, with what followed it,
+    /// unless it has begun to go out.
+    #[test]
+    fn an_abandoned_block_is_dropped_unless_it_began_to_go() {
+        let mut out = Outbound::to_runtime();
+        out.relay(head(frame::DATA, 0), b"d1");
+        out.relay(head(frame::HEADERS, 0), b"H");
+        out.relay(head(frame::CONTINUATION, 0), b"C");
+        out.own(|b| b.extend_from_slice(b"g"));
+        out.advance(2);
+        assert!(out.abandon_block());
+        assert_eq!(out.data(), b"g");
+
+        out.relay(head(frame::HEADERS, 0), b"H");
+        out.advance(2);
+        out.own(|b| b.extend_from_slice(b"x"));
+        assert!(!out.abandon_block());
+        assert!(out.block_open());
     }
 }

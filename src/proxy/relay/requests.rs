@@ -4,7 +4,7 @@ use bytes::BytesMut;
 
 use super::codec::Block;
 use super::streams::{Edit, Stream};
-use super::{RelayError, State};
+use super::{DRAIN_PING, Drain, RelayError, State};
 use crate::cri::Method;
 use crate::proxy::body::Call;
 use crate::proxy::editor_for;
@@ -46,7 +46,17 @@ impl State {
         let payload = &frame[HEAD_LEN..];
         self.requests.check(head)?;
         match head.kind {
-            frame::HEADERS | frame::CONTINUATION => {
+            frame::HEADERS => {
+                if let Drain::Final { last } = self.drain
+                    && head.stream > last.max(self.goaways.last_client_stream)
+                {
+                    return Err(RelayError::AfterGoaway(head.stream));
+                }
+                if let Some(block) = self.requests.frame(head, payload)? {
+                    self.request(block);
+                }
+            }
+            frame::CONTINUATION => {
                 if let Some(block) = self.requests.frame(head, payload)? {
                     self.request(block);
                 }
@@ -55,6 +65,11 @@ impl State {
                 return self.client_settings(head, payload);
             }
             frame::WINDOW_UPDATE => return self.client_window_update(head, payload, frame),
+            frame::PING if head.flags & frame::ACK != 0 && payload == DRAIN_PING => {
+                // The ACK of the relay's own PING: the runtime never sent it.
+                self.drain_acked();
+                return Ok(());
+            }
             frame::RST_STREAM => {
                 // The call's metrics say CANCELLED as it drops.
                 self.drop_stream(head.stream);
@@ -63,6 +78,40 @@ impl State {
         }
         self.to_upstream.relay(head, frame);
         Ok(())
+    }
+
+    /// After a failure: the client's frames are read for the credit and
+    /// settings that let held answers go; everything else is dropped. A
+    /// frame that cannot be read ends the reading.
+    pub(super) fn credit_after_failure(&mut self) {
+        let mut inbox = std::mem::take(&mut self.from_client);
+        let limit = self.upstream_max_frame;
+        loop {
+            let read = match frame::next(inbox.data(), limit) {
+                Ok(Some((head, frame))) => {
+                    let payload = &frame[HEAD_LEN..];
+                    let read = match head.kind {
+                        frame::WINDOW_UPDATE => self.client_window_update(head, payload, frame),
+                        frame::SETTINGS if head.flags & frame::ACK == 0 => {
+                            self.client_settings(head, payload)
+                        }
+                        _ => Ok(()),
+                    };
+                    inbox.consume(frame.len());
+                    read.is_ok()
+                }
+                Ok(None) => break,
+                Err(_) => false,
+            };
+            if !read {
+                if let Some(failure) = self.failure.as_mut() {
+                    failure.reads = false;
+                }
+                break;
+            }
+        }
+        self.from_client = inbox;
+        self.settle_failure();
     }
 
     fn request(&mut self, block: Block) {

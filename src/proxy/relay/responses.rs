@@ -128,7 +128,6 @@ impl State {
                 }
                 match self.streams.get_mut(id) {
                     Some(stream) => {
-                        stream.responded = true;
                         let holds = stream.holds();
                         if holds {
                             self.streams.begin_block(id, frame);
@@ -148,6 +147,8 @@ impl State {
         }
         if let Some(block) = decoded {
             if let Some(stream) = self.streams.get_mut(block.stream) {
+                // Only now: a block cut short never reaches the client.
+                stream.responded = true;
                 stream.end_block();
             }
             if block.end_stream {
@@ -358,18 +359,23 @@ impl State {
 
     /// The runtime connection closed: every call still open ends with
     /// `UNAVAILABLE` naming the endpoint (after what its stream holds),
-    /// then the client is told to go.
+    /// then the client is told to go. Whatever the runtime sent complete
+    /// still goes first.
     pub(super) fn upstream_gone(&mut self) {
         if self.ends.upstream_eof {
             return;
         }
         self.ends.upstream_eof = true;
-        if self.to_client.block_open() {
-            // Nothing can be added cleanly: the client loses the connection.
+        if !self.to_client.abandon_block() {
+            // Some of a header block has gone to the client, and its end
+            // never will: nothing can follow it cleanly, so the client
+            // loses the connection (everything before it has gone).
             self.to_client.clear();
             self.streams = Default::default();
             return;
         }
+        // A runtime that closed before its SETTINGS.
+        self.to_client.preface();
         let message = unavailable_message(&self.endpoint, &"the connection closed");
         let processed = self.goaways.upstream.unwrap_or(frame::MAX_STREAM);
         for id in self.streams.ids() {
