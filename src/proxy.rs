@@ -87,9 +87,10 @@ impl Proxy {
             // kubelet opens one connection per service and multiplexes on it;
             // well above its needs, well below what would let one client pin memory.
             .max_concurrent_streams(1024)
-            // gRPC metadata is headers: allow more than hyper's 16 KiB default
-            // (grpc-go accepts 16 MiB) without letting a client pin much memory.
-            .max_header_list_size(1 << 20)
+            // gRPC metadata is headers: what the relay passes (grpc-go's
+            // 16 MiB, which the runtime enforces itself) passes here too.
+            // One block is decoded at a time per connection.
+            .max_header_list_size(u32::try_from(hpack::MAX_LIST).unwrap_or(u32::MAX))
             // The response headers are the runtime's; hyper would add `date`.
             .auto_date_header(false);
         Self {

@@ -227,6 +227,20 @@ async fn a_big_header_block_gets_containerds_answer() {
     assert_eq!(figures["answered_by"], "trailers", "{figures}");
 }
 
+/// The same 1.5 MiB block when image calls go to an endpoint of their own
+/// (the connection is then served by hyper, behind the transcoder): it too
+/// gets containerd's own answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_header_block_gets_containerds_answer_through_the_image_route_too() {
+    let ctrd = Containerd::start().unwrap();
+    let proxy = ProxyUnderTest::start(Routes {
+        runtime: ctrd.endpoint(),
+        image: Some(ctrd.endpoint()),
+    });
+    let figures = h2_peer("big-metadata", &proxy.socket, &[]).await.unwrap();
+    assert_eq!(figures["answered_by"], "trailers", "{figures}");
+}
+
 /// A client that breaks the protocol while answers wait for it gets them,
 /// whole, and then GOAWAY(PROTOCOL_ERROR) saying why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -177,9 +177,12 @@ impl Inbox {
     /// At least `want` bytes of room after the data.
     pub fn spare(&mut self, want: usize) -> &mut [u8] {
         if self.buf.len() - self.end < want {
-            self.buf.copy_within(self.start..self.end, 0);
-            self.end -= self.start;
-            self.start = 0;
+            if self.start > 0 {
+                // Only when it frees room: at 0 it would move it all for nothing.
+                self.buf.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+            }
             if self.buf.len() - self.end < want {
                 self.buf.resize(self.end + want, 0);
             }

@@ -17,14 +17,19 @@ use tracing::debug;
 
 use super::frame::{self, FrameError, HEAD_LEN, Head};
 use super::hpack::{self, HpackError};
+use super::socket::Inbox;
 use crate::telemetry::Chain;
 
 /// What is buffered towards hyper, as a duplex pipe's capacity.
 const PIPE: usize = 256 << 10;
 
-/// The largest header-block fragment written to hyper in one frame: the
-/// default SETTINGS_MAX_FRAME_SIZE, which hyper keeps.
-const FRAGMENT: usize = frame::DEFAULT_MAX_FRAME;
+/// The largest frame hyper takes: the default SETTINGS_MAX_FRAME_SIZE,
+/// which it keeps and announces. A larger one ends the connection here, as
+/// hyper would end it, before any of it is buffered.
+const MAX_FRAME: usize = frame::DEFAULT_MAX_FRAME;
+
+/// The largest header-block fragment written to hyper in one frame.
+const FRAGMENT: usize = MAX_FRAME;
 
 #[derive(Debug, thiserror::Error)]
 pub(super) enum TranscodeError {
@@ -32,7 +37,7 @@ pub(super) enum TranscodeError {
     Preface,
     #[error(transparent)]
     Frame(#[from] FrameError),
-    #[error("a {0}-byte frame is larger than HTTP/2 allows")]
+    #[error("a {0}-byte frame is larger than the server allows")]
     FrameTooLarge(usize),
     #[error("a header block interrupted by a frame of type {0:#x}")]
     Interleaved(u8),
@@ -82,8 +87,9 @@ async fn pump(client: UnixStream, ours: DuplexStream) {
 #[derive(Default)]
 struct Transcoder {
     preface_seen: bool,
-    /// Bytes of a frame not yet complete.
-    pending: Vec<u8>,
+    /// Bytes of a frame not yet complete (at most one frame: hyper's
+    /// largest, so every byte is copied a bounded number of times).
+    pending: Inbox,
     decoder: Option<hpack::Decoder>,
     /// The header block under way.
     open: Option<Request>,
@@ -107,11 +113,14 @@ impl Transcoder {
     }
 
     fn feed(&mut self, bytes: &[u8], out: &mut BytesMut) -> Result<(), TranscodeError> {
-        self.pending.extend_from_slice(bytes);
-        let pending = std::mem::take(&mut self.pending);
-        let mut rest = &pending[..];
+        // Taken out while its frames are handled, which need `self`.
+        let mut pending = std::mem::take(&mut self.pending);
+        pending.extend(bytes);
+        let mut rest = pending.data();
         let fed = self.frames(&mut rest, out);
-        self.pending = rest.to_vec();
+        let used = pending.data().len() - rest.len();
+        pending.consume(used);
+        self.pending = pending;
         fed
     }
 
@@ -127,7 +136,7 @@ impl Transcoder {
             self.preface_seen = true;
         }
         while let Some((head, whole)) =
-            frame::next(rest, frame::MAX_FRAME_LIMIT).map_err(TranscodeError::FrameTooLarge)?
+            frame::next(rest, MAX_FRAME).map_err(TranscodeError::FrameTooLarge)?
         {
             self.frame(head, whole, out)?;
             *rest = &rest[whole.len()..];
@@ -277,9 +286,12 @@ mod tests {
         put(frame::SETTINGS, 0, 0, &[]);
         put(frame::HEADERS, frame::END_HEADERS, 1, &first);
         put(frame::DATA, frame::END_STREAM, 1, b"\0\0\0\0\0");
-        let (a, b) = second.split_at(10_000);
+        // Frames no larger than hyper takes.
+        let (a, rest) = second.split_at(10_000);
         put(frame::HEADERS, frame::END_STREAM, 3, a);
-        put(frame::CONTINUATION, frame::END_HEADERS, 3, b);
+        let (b, c) = rest.split_at(MAX_FRAME);
+        put(frame::CONTINUATION, 0, 3, b);
+        put(frame::CONTINUATION, frame::END_HEADERS, 3, c);
 
         let mut transcoder = Transcoder::default();
         let mut out = BytesMut::new();
@@ -308,6 +320,50 @@ mod tests {
         // The DATA frame and SETTINGS pass as they came.
         assert!(out.windows(5).any(|w| w == b"\0\0\0\0\0"));
         assert_eq!(&out[..HEAD_LEN], &[0, 0, 0, frame::SETTINGS, 0, 0, 0, 0, 0]);
+    }
+
+    /// A frame larger than hyper takes ends the connection as soon as its
+    /// header is read; a header block of many frames, 2 MiB in all, goes
+    /// through frame by frame.
+    #[test]
+    fn frames_are_bounded_and_header_blocks_pass_frame_by_frame() {
+        let mut transcoder = Transcoder::default();
+        let mut out = BytesMut::new();
+        let mut input = frame::PREFACE.to_vec();
+        input.extend_from_slice(&[0xff, 0xff, 0xff, frame::DATA, 0, 0, 0, 0, 1]);
+        let error = transcoder.feed(&input, &mut out).unwrap_err();
+        assert!(matches!(error, TranscodeError::FrameTooLarge(_)), "{error}");
+
+        let mut transcoder = Transcoder::default();
+        let mut out = BytesMut::new();
+        let mut block = BytesMut::new();
+        frame::literal(&mut block, b":path", b"/a");
+        frame::literal(&mut block, b"x-big", &vec![b'v'; 2 << 20]);
+        let mut input = frame::PREFACE.to_vec();
+        let pieces: Vec<_> = block.chunks(MAX_FRAME).collect();
+        for (i, piece) in pieces.iter().enumerate() {
+            let kind = if i == 0 {
+                frame::HEADERS
+            } else {
+                frame::CONTINUATION
+            };
+            let flags = if i + 1 == pieces.len() {
+                frame::END_HEADERS
+            } else {
+                0
+            };
+            let mut b = BytesMut::new();
+            frame::put(&mut b, kind, flags, 1, piece);
+            input.extend_from_slice(&b);
+        }
+        for piece in input.chunks(64 << 10) {
+            transcoder.feed(piece, &mut out).unwrap();
+            assert!(transcoder.pending.data().len() < MAX_FRAME + HEAD_LEN);
+        }
+        let out = out.strip_prefix(frame::PREFACE).unwrap().to_vec();
+        let blocks = decode(&out);
+        assert_eq!(blocks.len(), 1);
+        assert_eq!(blocks[0].1[1].1.len(), 2 << 20);
     }
 
     #[test]
