@@ -172,11 +172,13 @@ impl Cluster {
     }
 
     /// The CRR once accepted (labelled by the webhook, or by crr-proxy in
-    /// standalone mode).
+    /// standalone mode). The Pod's uid label marks it: in standalone mode the
+    /// claimer's node label comes first, in a write of its own, and the
+    /// node's acceptance (or refusal) follows.
     async fn accepted(&self, name: &str) -> Value {
         wait_for(Duration::from_secs(10), || {
             self.crr(name)
-                .filter(|c| c["metadata"]["labels"]["crr.apps.kruise.io/node-name"].is_string())
+                .filter(|c| c["metadata"]["labels"]["crr.apps.kruise.io/pod-uid"].is_string())
         })
         .await
         .unwrap_or_else(|| panic!("CRR {name} not accepted"))
