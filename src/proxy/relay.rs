@@ -61,6 +61,11 @@ mod streams;
 /// from the other: the far end's own flow control keeps it well below this.
 const HIGH_WATER: usize = 256 << 10;
 
+/// The most of one header block of the runtime's held until it ends
+/// (grpc-go's header list limit, which containerd keeps): the client gets
+/// blocks whole (see `outbound`).
+const MAX_HELD_BLOCK: usize = hpack::MAX_LIST;
+
 /// How long a connection that is ending (its runtime gone, or the client
 /// broke the protocol) may take to hand the client what is queued for it.
 const LINGER: Duration = Duration::from_secs(5);
@@ -86,6 +91,8 @@ pub(super) enum RelayError {
     Push,
     #[error("stream {0} was opened after the final GOAWAY")]
     AfterGoaway(u32),
+    #[error("a header block of more than {MAX_HELD_BLOCK} bytes")]
+    BlockTooLarge,
     #[error("reading from the client")]
     Client(#[source] io::Error),
 }
@@ -260,9 +267,10 @@ impl Relay {
                 }
             }
             // Held answers do not count here: they wait for their own
-            // stream's window, and must not stop the others.
-            if !state.ends.failed && !state.ends.upstream_eof && state.to_client.len() < HIGH_WATER
-            {
+            // stream's window, and must not stop the others; nor does a
+            // block that waits for its own end.
+            let queued = state.to_client.len() - state.to_client.held_block();
+            if !state.ends.failed && !state.ends.upstream_eof && queued < HIGH_WATER {
                 match upstream.poll_read(cx, &mut state.from_upstream) {
                     Poll::Ready(Ok(0) | Err(_)) => {
                         state.upstream_gone();
@@ -786,6 +794,63 @@ mod tests {
 
     /// The runtime going away answers the open call UNAVAILABLE and tells
     /// the client to go.
+    /// A runtime's header block reaches the client only once complete;
+    /// one past `MAX_HELD_BLOCK` is the runtime's protocol error, and the
+    /// client still gets whole frames: its call UNAVAILABLE, then GOAWAY.
+    #[test]
+    fn a_runtime_block_goes_whole_and_is_bounded() {
+        let mut state = State::new(Endpoint::from_path("/t.sock"), Arc::default(), None);
+        state.from_client.extend(frame::PREFACE);
+        let version = request_block(b"/runtime.v1.RuntimeService/Version");
+        let flags = frame::END_HEADERS | frame::END_STREAM;
+        state
+            .from_client
+            .extend(&frame_bytes(frame::HEADERS, flags, 1, &version));
+        state.client_frames().unwrap();
+        state
+            .from_upstream
+            .extend(&frame_bytes(frame::SETTINGS, 0, 0, &[]));
+        // `:status: 200`, indexed, over and over.
+        let piece = vec![0x88; frame::DEFAULT_MAX_FRAME];
+        state
+            .from_upstream
+            .extend(&frame_bytes(frame::HEADERS, 0, 1, &piece));
+        state.upstream_frames().unwrap();
+        let mut to_client = state.to_client.take().to_vec();
+        assert!(
+            frames(&to_client)
+                .iter()
+                .all(|(h, _)| h.kind == frame::SETTINGS),
+            "nothing of the open block goes"
+        );
+        let mut result = Ok(());
+        for _ in 0..=MAX_HELD_BLOCK / piece.len() {
+            state
+                .from_upstream
+                .extend(&frame_bytes(frame::CONTINUATION, 0, 1, &piece));
+            result = state.upstream_frames();
+            if result.is_err() {
+                break;
+            }
+            assert!(state.to_client.take().is_empty());
+        }
+        assert!(
+            matches!(result, Err(RelayError::BlockTooLarge)),
+            "{result:?}"
+        );
+        state.ends.upstream_broken = true;
+        state.upstream_gone();
+        to_client.extend_from_slice(&state.to_client.take());
+        let frames = frames(&to_client);
+        assert!(!frames.iter().any(|(h, _)| h.kind == frame::CONTINUATION));
+        let status = frames
+            .iter()
+            .find(|(h, _)| h.kind == frame::HEADERS && h.stream == 1)
+            .unwrap();
+        assert!(contains(&status.1, b"14"));
+        assert_eq!(frames.last().unwrap().0.kind, frame::GOAWAY);
+    }
+
     #[test]
     fn the_runtime_going_away_ends_open_calls_unavailable() {
         let (to_client, _) = feed(&seed("reset_then_gone"));

@@ -7,7 +7,13 @@
 //! - towards the client, the server's connection preface (the runtime's
 //!   SETTINGS) comes first (RFC 9113 §3.4), so the relay's own frames wait
 //!   for it, or the relay sends a preface of its own when the runtime never
-//!   will (`preface`).
+//!   will (`preface`);
+//! - towards the client, a header block goes out only once it is complete:
+//!   whatever ends the connection, a block never ended (a runtime that died
+//!   or stalled mid-block) can then be dropped whole, and the GOAWAY that
+//!   tells the client why still goes after the answers before it. Towards
+//!   the runtime blocks go frame by frame: when the client is gone, so is
+//!   the runtime connection, and nothing need follow.
 
 use bytes::{Buf, BytesMut};
 
@@ -23,6 +29,8 @@ pub(super) struct Outbound {
     block: Block,
     /// The first frame has been queued: the relay's own may follow.
     opened: bool,
+    /// A header block is written only once it is complete.
+    whole_blocks: bool,
 }
 
 /// The relayed header block that is under way.
@@ -33,28 +41,31 @@ enum Block {
     Open {
         at: usize,
     },
-    /// Some of it has been written: it can only be completed.
+    /// Some of it has been written: it can only be completed (never
+    /// towards the client, which gets whole blocks).
     Torn,
 }
 
 impl Outbound {
     /// Towards the runtime: the relay writes the client's preface itself.
     pub fn to_runtime() -> Self {
-        Self::new(true)
+        Self::new(true, false)
     }
 
     /// Towards the client: nothing of the relay's own goes before the
-    /// runtime's SETTINGS (or the relay's `preface`).
+    /// runtime's SETTINGS (or the relay's `preface`), and header blocks go
+    /// whole.
     pub fn to_client() -> Self {
-        Self::new(false)
+        Self::new(false, true)
     }
 
-    fn new(opened: bool) -> Self {
+    fn new(opened: bool, whole_blocks: bool) -> Self {
         Self {
             ready: BytesMut::new(),
             own: BytesMut::new(),
             block: Block::Closed,
             opened,
+            whole_blocks,
         }
     }
 
@@ -129,14 +140,27 @@ impl Outbound {
         self.block != Block::Closed
     }
 
-    /// What is ready to write.
+    /// The bytes of an unfinished block held back until it is complete.
+    pub fn held_block(&self) -> usize {
+        match (self.whole_blocks, self.block) {
+            (true, Block::Open { at }) => self.ready.len() - at,
+            _ => 0,
+        }
+    }
+
+    /// What may be written now.
     pub fn data(&self) -> &[u8] {
-        &self.ready
+        let writable = self.ready.len() - self.held_block();
+        &self.ready[..writable]
     }
 
     /// `n` bytes were written.
     pub fn advance(&mut self, n: usize) {
         self.ready.advance(n);
+        self.written(n);
+    }
+
+    fn written(&mut self, n: usize) {
         if let Block::Open { at } = self.block {
             self.block = match at.checked_sub(n) {
                 Some(at) => Block::Open { at },
@@ -161,12 +185,13 @@ impl Outbound {
         self.block = Block::Closed;
     }
 
-    /// Takes what is ready (fuzzing and tests read the relay's output so).
+    /// Takes what may be written (fuzzing and tests read the relay's
+    /// output so).
     pub fn take(&mut self) -> BytesMut {
-        if let Block::Open { .. } = self.block {
-            self.block = Block::Torn;
-        }
-        self.ready.split()
+        let n = self.data().len();
+        let taken = self.ready.split_to(n);
+        self.written(n);
+        taken
     }
 }
 
@@ -234,5 +259,30 @@ mod tests {
         out.own(|b| b.extend_from_slice(b"x"));
         assert!(!out.abandon_block());
         assert!(out.block_open());
+    }
+
+    /// Towards the client nothing of a block goes before its end, so it can
+    /// always be dropped, and the relay's own frames go after what preceded
+    /// it.
+    #[test]
+    fn the_client_gets_a_block_only_once_it_is_complete() {
+        let mut out = Outbound::to_client();
+        out.relay(head(frame::SETTINGS, 0), b"S");
+        out.relay(head(frame::HEADERS, 0), b"H");
+        out.relay(head(frame::CONTINUATION, 0), b"C");
+        assert_eq!(out.data(), b"S");
+        assert_eq!(out.held_block(), 2);
+        out.advance(1);
+        out.relay(head(frame::CONTINUATION, frame::END_HEADERS), b"E");
+        assert_eq!(out.data(), b"HCE");
+        assert_eq!(out.held_block(), 0);
+        out.advance(3);
+
+        out.relay(head(frame::DATA, 0), b"d");
+        out.relay(head(frame::HEADERS, 0), b"H");
+        assert_eq!(&out.take()[..], b"d");
+        out.own(|b| b.extend_from_slice(b"g"));
+        assert!(out.abandon_block());
+        assert_eq!(out.data(), b"g");
     }
 }

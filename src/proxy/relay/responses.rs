@@ -14,7 +14,7 @@ use bytes::{Bytes, BytesMut};
 use super::flow::{ClientFlow, Window};
 use super::outbound::Outbound;
 use super::streams::{Data, Piece};
-use super::{RelayError, State};
+use super::{MAX_HELD_BLOCK, RelayError, State};
 use crate::proxy::body::{UNAVAILABLE, UNKNOWN, unavailable_message};
 use crate::proxy::frame::{self, HEAD_LEN, Head};
 use crate::proxy::socket::Inbox;
@@ -144,6 +144,9 @@ impl State {
         };
         if !held {
             self.to_client.relay(head, frame);
+            if self.to_client.held_block() > MAX_HELD_BLOCK {
+                return Err(RelayError::BlockTooLarge);
+            }
         }
         if let Some(block) = decoded {
             if let Some(stream) = self.streams.get_mut(block.stream) {
