@@ -341,7 +341,8 @@ fn proxy_with_a_recreated_container() -> (FakeUpstream, ProxyUnderTest, Vec<u8>)
 
 /// The statuses of a container crr-proxy stopped for a CRR carry the CRR as
 /// reason and message; every other byte, fields unknown to crr-proxy's proto
-/// included, is the runtime's. Messages split across DATA frames anywhere.
+/// included (cri-api's `stop_signal`, and numbers no version defines), is the
+/// runtime's. Messages split across DATA frames anywhere.
 #[tokio::test]
 async fn recreated_containers_get_the_crr_reason_and_nothing_else_changes() {
     let (upstream, proxy, edited) = proxy_with_a_recreated_container();
@@ -360,6 +361,17 @@ async fn recreated_containers_get_the_crr_reason_and_nothing_else_changes() {
     assert_eq!(
         (proxied.headers, proxied.trailers),
         (direct.headers, direct.trailers)
+    );
+
+    let direct = call(&upstream.socket, upstream::CONTAINER_STATUS, vec![]).await;
+    let proxied = call(&proxy.socket, upstream::CONTAINER_STATUS, vec![]).await;
+    assert_eq!(
+        direct.data,
+        raw::grpc_frame(&upstream::container_status(&original))
+    );
+    assert_eq!(
+        proxied.data,
+        raw::grpc_frame(&upstream::container_status(&edited))
     );
 
     let direct = call(&upstream.socket, upstream::CONTAINER_EVENTS, vec![]).await;

@@ -19,25 +19,7 @@ use crr_proxy::reason::Recreated;
 use serde_json::Value;
 use support::ProxyUnderTest;
 use support::containerd::Containerd;
-use support::peers::{GrpcPeer, peer_command};
-
-/// Runs h2_peer's `scenario` against the proxy at `socket` to its end; its
-/// JSON figures on success.
-async fn h2_peer(scenario: &str, socket: &Path, extra: &[&str]) -> Result<Value, String> {
-    let mut args = vec![scenario.to_owned(), "--socket".into()];
-    args.push(socket.display().to_string());
-    args.extend(extra.iter().map(|s| s.to_string()));
-    tokio::task::spawn_blocking(move || {
-        let out = peer_command("h2_peer.py").args(&args).output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr).trim().to_owned();
-        match out.status.success() {
-            true => Ok(serde_json::from_slice(&out.stdout).unwrap()),
-            false => Err(format!("h2_peer {args:?}: {}: {stderr}", out.status)),
-        }
-    })
-    .await
-    .unwrap()
-}
+use support::peers::{GrpcPeer, h2_peer, peer_command};
 
 const VERSION: &str = "/runtime.v1.RuntimeService/Version";
 

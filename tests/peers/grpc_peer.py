@@ -9,6 +9,9 @@ stdin, one command a line:
   call <full method path> <hex request bytes, or - for none> [<timeout seconds, default 10>]
       -> one JSON line: {"code": "OK"|"UNAVAILABLE"|..., "details": "...",
                          "response": "<hex>", "ms": <float>}
+  stream <full method path> <hex request bytes, or -> [<timeout seconds>]
+      a server-streaming call: one JSON line {"message": "<hex>"} as each
+      response arrives, then one like call's (without "response")
   quit
 An unreadable command answers {"code": "BAD_COMMAND", "details": "..."}.
 On EOF of stdin the process exits 0.
@@ -64,7 +67,7 @@ def main():
             continue
         if words[0] == "quit":
             break
-        if words[0] != "call" or len(words) not in (3, 4):
+        if words[0] not in ("call", "stream") or len(words) not in (3, 4):
             answer({"code": "BAD_COMMAND", "details": f"cannot read {line.strip()!r}",
                     "response": "", "ms": 0.0})
             continue
@@ -75,21 +78,27 @@ def main():
         except ValueError as e:
             answer({"code": "BAD_COMMAND", "details": str(e), "response": "", "ms": 0.0})
             continue
-        call = calls.get(path)
+        call = calls.get((words[0], path))
         if call is None:
             # Identity serialisers: requests and responses are bytes.
-            call = channel.unary_unary(path, request_serializer=None,
-                                       response_deserializer=None)
-            calls[path] = call
+            kind = channel.unary_unary if words[0] == "call" else channel.unary_stream
+            call = kind(path, request_serializer=None, response_deserializer=None)
+            calls[(words[0], path)] = call
         t0 = time.monotonic()
         try:
-            response = call(request, timeout=timeout)
-            result = {"code": "OK", "details": "", "response": bytes(response).hex()}
+            if words[0] == "call":
+                response = call(request, timeout=timeout)
+                result = {"code": "OK", "details": "", "response": bytes(response).hex()}
+            else:
+                for message in call(request, timeout=timeout):
+                    answer({"message": bytes(message).hex()})
+                result = {"code": "OK", "details": ""}
         except grpc.RpcError as e:
             code = e.code() if hasattr(e, "code") else None
             result = {"code": code.name if code is not None else "UNKNOWN",
-                      "details": (e.details() if hasattr(e, "details") else str(e)) or "",
-                      "response": ""}
+                      "details": (e.details() if hasattr(e, "details") else str(e)) or ""}
+            if words[0] == "call":
+                result["response"] = ""
         result["ms"] = round((time.monotonic() - t0) * 1000, 3)
         answer(result)
     channel.close()

@@ -1125,7 +1125,43 @@ def error_after_queued(args):
 
 # --- command line ---------------------------------------------------------
 
+def cri_call(args):
+    """One CRI call as kubelet makes it, with headers of our choosing; with
+    --release-file, the file is written once the first response message is
+    in, while the stream still runs (the scripted runtime waits for it)."""
+    conn = Conn(args.socket)
+    extra = [tuple(h.split("=", 1)) for h in args.header]
+    body = bytes.fromhex(args.request)
+    st = conn.open_stream()
+    t0 = time.monotonic()
+    conn.send(frame(HEADERS, END_HEADERS, st.id, conn.request_block(args.path, extra))
+              + frame(DATA, END_STREAM, st.id, grpc_message(body)))
+    first_ms = None
+    if args.release_file:
+        def first_in():
+            return st.done() or len(st.data) >= 5 and \
+                len(st.data) - 5 >= int.from_bytes(st.data[1:5], "big")
+        conn.pump(first_in, args.answer_timeout, "waiting for the first response message")
+        if st.done():
+            raise Fail(f"the stream ended before its first message came alone: {st.outcome()}")
+        first_ms = ms_since(t0)
+        with open(args.release_file, "w") as f:
+            f.write("released\n")
+    conn.pump(st.done, args.answer_timeout, "waiting for the end of the call")
+    status = st.grpc_status()
+    figures = {"status": status, "message": (st.field(b"grpc-message") or b"").decode(errors="replace"),
+               "ms": ms_since(t0), "first_ms": first_ms}
+    if status == 0:
+        check_ok(st, "the call")
+        figures["messages"] = [m.hex() for m in grpc_messages(st.data)]
+    elif status is None:
+        raise Fail(f"the call ended with {st.outcome()}")
+    conn.close()
+    return figures
+
+
 SCENARIOS = {
+    "cri-call": (cri_call, None),
     "held-stream": (held_stream, 10),
     "block-open": (block_open, 10),
     "big-metadata": (big_metadata, 10),
@@ -1174,6 +1210,12 @@ def main():
     s.add_argument("--ready-file", required=True, help="written once the first call is done")
     s.add_argument("--ack", action=argparse.BooleanOptionalAction, default=True,
                    help="acknowledge the proxy's PING")
+    s = add("cri-call", "one CRI call with extra headers; prints its messages")
+    s.add_argument("--path", required=True)
+    s.add_argument("--request", default="", help="the request message, hex")
+    s.add_argument("--header", action="append", default=[], metavar="NAME=VALUE")
+    s.add_argument("--release-file", help="written once the first message is in")
+    s.add_argument("--answer-timeout", type=float, default=20)
     s = add("runtime-server", "a scripted CRI runtime on --socket")
     s.add_argument("--answer-bytes", type=int, default=10)
     s.add_argument("--goaway-after-first", action="store_true")
@@ -1201,6 +1243,8 @@ def main():
                 timeout = 10 + args.repeat * args.answer_timeout
             elif args.scenario == "goaway-order":
                 timeout = 10 + args.listen_seconds
+            elif args.scenario == "cri-call":
+                timeout = 5 + args.answer_timeout * 2
             elif args.scenario == "error-after-queued":
                 timeout = 5 + args.pause + args.read_timeout
             else:

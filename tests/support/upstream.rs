@@ -39,6 +39,9 @@ pub const SANDBOX_STATUS: &str = "/runtime.v1.RuntimeService/PodSandboxStatus";
 /// across DATA frames at odd places, then trailers.
 pub const CONTAINER_EVENTS: &str = "/runtime.v1.RuntimeService/GetContainerEvents";
 pub const EVENTS: usize = 3;
+/// ContainerStatus: a ContainerStatusResponse around [`stopped_status`]
+/// with an `info` entry.
+pub const CONTAINER_STATUS: &str = "/runtime.v1.RuntimeService/ContainerStatus";
 /// The container the tests' record says crr-proxy stopped.
 pub const STOPPED_ID: &str = "stopped-id";
 
@@ -57,6 +60,10 @@ fn put_len(out: &mut Vec<u8>, tag: u8, bytes: &[u8]) {
     out.push(len as u8);
     out.extend_from_slice(bytes);
 }
+
+/// `ContainerStatus.stop_signal` (field 19) = `SIGTERM` (23): a field of
+/// cri-api that crr-proxy's proto and its editor do not declare.
+const STOP_SIGNAL: &[u8] = &[0x98, 0x01, 0x17];
 
 /// An exited container's status as the runtime sends it (`Error`, no
 /// message, then fields our proto does not know); with `edited`, as
@@ -84,6 +91,7 @@ pub fn stopped_status(id: &str, edited: Option<(&str, &str)>) -> Vec<u8> {
         ..Default::default()
     }
     .encode_to_vec();
+    bytes.extend_from_slice(STOP_SIGNAL);
     bytes.extend_from_slice(UNKNOWN_FIELDS);
     if let Some((_, message)) = edited {
         put_len(&mut bytes, 0x5a, message.as_bytes());
@@ -101,6 +109,17 @@ pub fn sandbox_status(stopped: &[u8]) -> Vec<u8> {
     put_len(&mut out, 0x1a, stopped);
     put_len(&mut out, 0x1a, &stopped_status("other-id", None));
     out.extend_from_slice(&[0x20, 0x96, 0x01, 0x80, 0x7d, 0x01]);
+    out
+}
+
+/// A verbose ContainerStatusResponse around `stopped`.
+pub fn container_status(stopped: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    put_len(&mut out, 0x0a, stopped);
+    let mut info = Vec::new();
+    put_len(&mut info, 0x0a, b"info");
+    put_len(&mut info, 0x12, br#"{"pid":42}"#);
+    put_len(&mut out, 0x12, &info);
     out
 }
 
@@ -259,6 +278,11 @@ async fn answer(
             let (first, second) = body.split_at(body.len() / 2);
             let _ = tx.send(Frame::data(Bytes::copy_from_slice(first))).await;
             let _ = tx.send(Frame::data(Bytes::copy_from_slice(second))).await;
+            let _ = tx.send(Frame::trailers(ok_trailers())).await;
+        }
+        CONTAINER_STATUS => {
+            let body = grpc_frame(&container_status(&stopped_status(STOPPED_ID, None)));
+            let _ = tx.send(Frame::data(Bytes::from(body))).await;
             let _ = tx.send(Frame::trailers(ok_trailers())).await;
         }
         CONTAINER_EVENTS => {
