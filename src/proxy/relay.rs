@@ -792,8 +792,6 @@ mod tests {
         assert!(contains(&body, crate::reason::REASON.as_bytes()));
     }
 
-    /// The runtime going away answers the open call UNAVAILABLE and tells
-    /// the client to go.
     /// A runtime's header block reaches the client only once complete;
     /// one past `MAX_HELD_BLOCK` is the runtime's protocol error, and the
     /// client still gets whole frames: its call UNAVAILABLE, then GOAWAY.
@@ -851,6 +849,8 @@ mod tests {
         assert_eq!(frames.last().unwrap().0.kind, frame::GOAWAY);
     }
 
+    /// The runtime going away answers the open call UNAVAILABLE and tells
+    /// the client to go.
     #[test]
     fn the_runtime_going_away_ends_open_calls_unavailable() {
         let (to_client, _) = feed(&seed("reset_then_gone"));
