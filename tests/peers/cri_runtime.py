@@ -30,6 +30,9 @@ from concurrent import futures
 
 import grpc
 
+# The protobuf wire helpers of the raw HTTP/2 peer beside this file.
+from h2_peer import pb_string as field_bytes
+
 RUNTIME = "/runtime.v1.RuntimeService/"
 IMAGES = "/runtime.v1.ImageService/"
 
@@ -56,19 +59,6 @@ def report(obj):
     with OUT:
         sys.stdout.write(json.dumps(obj) + "\n")
         sys.stdout.flush()
-
-
-def varint(n):
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def field_bytes(number, value):
-    return varint(number << 3 | 2) + varint(len(value)) + value
 
 
 def item(shape, name, padding):
