@@ -116,6 +116,43 @@ async fn an_edited_answer_waiting_for_its_window_delays_only_its_own_stream() {
     }
 }
 
+/// containerd's whole answer fits the client's stream window, the edited one
+/// does not: the relay holds the rest and containerd's trailers, the first
+/// of the connection, which add `grpc-status: 0` to the client's HPACK table.
+/// A Version call answered meanwhile refers to that entry in containerd's
+/// encoding; Python's hpack decodes every block to what containerd meant,
+/// the held trailers too when they go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_trailers_overtaken_by_other_answers_still_decode() {
+    use prost::Message;
+    let ctrd = Containerd::start().unwrap();
+    let (proxy, id) = proxy_with_an_exited_recreated_container(&ctrd).await;
+    let request = crr_proxy::cri::v1::ContainerStatusRequest {
+        container_id: id.clone(),
+        verbose: false,
+    };
+    let unedited = support::client(&ctrd.endpoint())
+        .container_status(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .encoded_len()
+        + 5;
+    let window = unedited.to_string();
+    let extra = [
+        "--container-id",
+        &id,
+        "--release",
+        "settings",
+        "--window",
+        &window,
+    ];
+    let figures = h2_peer("held-stream", &proxy.socket, &extra).await.unwrap();
+    assert!(figures["version_ms"].as_f64().is_some(), "{figures}");
+    let held = figures["held_body_bytes"].as_u64().unwrap();
+    assert!(held > unedited as u64, "the edit made it longer: {figures}");
+}
+
 /// While a client's header block is open (HEADERS sent, CONTINUATION not
 /// yet), the relay writes nothing of its own to containerd, though it owes
 /// containerd credit for an edited answer meanwhile.

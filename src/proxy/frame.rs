@@ -1,7 +1,8 @@
 //! The few HTTP/2 framing facts the relay needs (RFC 9113 §4, §6), and the
-//! HPACK encoding of the one answer it writes itself.
+//! HPACK encoding of what it writes itself: its own answer, and the header
+//! blocks it must re-encode.
 
-use bytes::{BufMut, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 
 /// What every client sends first.
 pub(super) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -259,6 +260,46 @@ pub(super) fn grpc_status_frame(
     out
 }
 
+/// A header block the relay re-encodes (`relay::codec`): every field a
+/// "literal never indexed, new name" (RFC 7541 §6.2.3), so the block leaves
+/// the client's table as it was wherever it arrives, and a field the runtime
+/// marked never to be indexed stays so (the relay does not track which
+/// were). HEADERS, then CONTINUATIONs of at most `max_frame` bytes each.
+pub(super) fn header_block(
+    stream: u32,
+    end_stream: bool,
+    fields: &[(Bytes, Bytes)],
+    max_frame: usize,
+) -> BytesMut {
+    let mut block = BytesMut::new();
+    for (name, value) in fields {
+        block.put_u8(0x10);
+        string(&mut block, name);
+        string(&mut block, value);
+    }
+    let max_frame = max_frame.max(1);
+    let pieces = block.len().div_ceil(max_frame).max(1);
+    let mut out = BytesMut::with_capacity(block.len() + pieces * HEAD_LEN);
+    let mut rest = &block[..];
+    let mut kind = HEADERS;
+    let mut flags = match end_stream {
+        true => END_STREAM,
+        false => 0,
+    };
+    loop {
+        let (piece, after) = rest.split_at(rest.len().min(max_frame));
+        rest = after;
+        if rest.is_empty() {
+            flags |= END_HEADERS;
+        }
+        put(&mut out, kind, flags, stream, piece);
+        if rest.is_empty() {
+            return out;
+        }
+        (kind, flags) = (CONTINUATION, 0);
+    }
+}
+
 /// A "literal header field without indexing, new name" (RFC 7541 §6.2.2),
 /// without Huffman coding.
 pub(super) fn literal(out: &mut BytesMut, name: &[u8], value: &[u8]) {
@@ -356,6 +397,48 @@ mod tests {
         assert_eq!(data.data(&[2, 7, 0, 0]).unwrap(), 1..2);
         assert!(data.data(&[9, 7]).is_err());
         assert!(data.data(&[]).is_err());
+    }
+
+    /// A re-encoded block too long for one frame goes as HEADERS and
+    /// CONTINUATIONs within the limit, END_STREAM on the first and
+    /// END_HEADERS on the last, and decodes to the same fields, leaving
+    /// the table alone.
+    #[test]
+    fn a_re_encoded_block_splits_at_the_frame_limit() {
+        let long = Bytes::from(vec![b'x'; 10_000]);
+        let mut fields = vec![(Bytes::from_static(b"grpc-status"), Bytes::from_static(b"0"))];
+        fields.extend((0..4).map(|_| (Bytes::from_static(b"x-long"), long.clone())));
+        let out = header_block(7, true, &fields, DEFAULT_MAX_FRAME);
+        let mut rest = &out[..];
+        let mut heads = Vec::new();
+        let mut block = Vec::new();
+        while let Some(head) = Head::parse(rest) {
+            block.extend_from_slice(&rest[HEAD_LEN..HEAD_LEN + head.len]);
+            rest = &rest[HEAD_LEN + head.len..];
+            heads.push(head);
+        }
+        assert!(rest.is_empty());
+        let kinds: Vec<_> = heads.iter().map(|h| (h.kind, h.flags)).collect();
+        assert_eq!(
+            kinds,
+            [
+                (HEADERS, END_STREAM),
+                (CONTINUATION, 0),
+                (CONTINUATION, END_HEADERS)
+            ]
+        );
+        assert!(
+            heads
+                .iter()
+                .all(|h| h.len <= DEFAULT_MAX_FRAME && h.stream == 7)
+        );
+        assert_eq!(block[0], 0x10, "never indexed");
+        let decoded = decode(&block);
+        assert_eq!(decoded[0], ("grpc-status".into(), "0".into()));
+        assert_eq!(decoded.len(), 5);
+        assert!(decoded[1..].iter().all(|(_, v)| v.len() == long.len()));
+        let empty = header_block(9, false, &[], DEFAULT_MAX_FRAME);
+        assert_eq!(Head::parse(&empty).unwrap().flags, END_HEADERS);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! HPACK decoding (RFC 7541), as much of it as the relay needs: every
 //! header block of a connection goes through one `Decoder`, which keeps that
 //! direction's dynamic table in step with the peer's encoder and reports
-//! each field. Nothing is ever re-encoded.
+//! each field. Re-encoding, where the relay must, is the caller's (literals
+//! only, so it never needs this table).
 //!
 //! Decoding costs O(bytes received), whatever the block says, because a
 //! hostile client writes the blocks:
@@ -57,6 +58,10 @@ pub(super) struct Decoder {
     /// Strings up to this long are reported (longer ones too if they fit
     /// the table).
     keep: usize,
+    /// Counts the changes made to the table (entries, evictions, size
+    /// updates): a block that changed it cannot be replaced by one that
+    /// does not.
+    changes: u64,
     block: Progress,
 }
 
@@ -133,6 +138,7 @@ impl Decoder {
             max_size: limit,
             limit,
             keep: KEEP,
+            changes: 0,
             block: Progress::default(),
         }
     }
@@ -142,6 +148,12 @@ impl Decoder {
     pub fn keeping(mut self, keep: usize) -> Self {
         self.keep = keep;
         self
+    }
+
+    /// How many changes the table has seen; compared before and after a
+    /// block, it tells whether the block changed the table.
+    pub fn changes(&self) -> u64 {
+        self.changes
     }
 
     #[cfg(test)]
@@ -163,7 +175,7 @@ impl Decoder {
         mut field: impl FnMut(&[u8], Option<&[u8]>),
     ) -> Result<(), HpackError> {
         self.feed(block, &mut field)?;
-        self.end()
+        self.end().map(drop)
     }
 
     /// Decodes the next fragment of the current header block, calling
@@ -200,10 +212,12 @@ impl Decoder {
     }
 
     /// The header block is complete: nothing of it may be left over.
-    pub fn end(&mut self) -> Result<(), HpackError> {
+    /// Gives back its header list size (fields past [`MAX_LIST`] of it were
+    /// not reported).
+    pub fn end(&mut self) -> Result<usize, HpackError> {
         let block = std::mem::take(&mut self.block);
         match block.tail.is_empty() && block.skip.is_none() && block.literal.is_none() {
-            true => Ok(()),
+            true => Ok(block.list),
             false => Err(HpackError::Truncated),
         }
     }
@@ -271,6 +285,7 @@ impl Decoder {
                 return Err(HpackError::TableSize(size));
             }
             self.max_size = size;
+            self.changes += 1;
             self.evict(0);
             return Ok(Step::Done(rest));
         }
@@ -382,6 +397,7 @@ impl Decoder {
             // RFC 7541 §4.4: an entry larger than the table empties it,
             // and a string too long to keep is larger than the table.
             _ => {
+                self.changes += 1;
                 self.table.clear();
                 self.size = 0;
             }
@@ -456,6 +472,7 @@ impl Decoder {
     }
 
     fn insert(&mut self, name: Bytes, value: Bytes) {
+        self.changes += 1;
         let size = name.len() + value.len() + ENTRY_OVERHEAD;
         if size > self.max_size {
             // RFC 7541 §4.4: an entry larger than the table empties it.

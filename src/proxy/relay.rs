@@ -15,12 +15,14 @@
 //!   flow control itself (`flow`), and an answer that waits for the client's
 //!   window is held by its stream alone (`streams`).
 //!
-//! One change is made to what passes: the client's SETTINGS tell the runtime
-//! that the client's HPACK table holds nothing (SETTINGS_HEADER_TABLE_SIZE
-//! 0). The runtime's header blocks then never refer to each other, so a
-//! stream's held trailers may follow other streams' answers. Frames the
-//! relay writes itself never touch either HPACK table, and never split a
-//! header block (`outbound`).
+//! Besides the edits, what passes changes in one case: a header block that waits
+//! behind its stream's held data (the trailers of an answer waiting for the
+//! client's window) is overtaken by other streams' blocks, so it goes
+//! re-encoded as literals, which neither need nor change the client's HPACK
+//! table. If the held block changed the runtime's table, the client's table
+//! never will, and every later block of the connection goes re-encoded too
+//! (`codec`). Frames the relay writes itself never touch either HPACK table,
+//! and never split a header block (`outbound`).
 //!
 //! Parts: `codec` reassembles and decodes header blocks; `flow` is the
 //! windows arithmetic; `streams` owns each stream's held frames; `requests`
@@ -382,8 +384,6 @@ struct State {
     /// Connection credit for edited bytes the relay holds, kept back from
     /// the runtime while it holds more than `HELD_LIMIT` (`responses`).
     uncredited: u32,
-    /// The client's first SETTINGS has passed.
-    settings_seen: bool,
 }
 
 impl State {
@@ -398,8 +398,8 @@ impl State {
             to_client: Outbound::to_client(),
             ends: Ends::default(),
             requests: Blocks::new(hpack::Decoder::new()),
-            // The runtime is told the client's table is empty.
-            responses: Blocks::new(hpack::Decoder::with_limit(0)),
+            // Every field is kept: a block may have to be re-encoded.
+            responses: Blocks::new(hpack::Decoder::new().keeping(hpack::MAX_LIST)),
             streams: Streams::default(),
             flow: ClientFlow::default(),
             client_max_frame: frame::DEFAULT_MAX_FRAME,
@@ -408,7 +408,6 @@ impl State {
             drain: Drain::Serving,
             failure: None,
             uncredited: 0,
-            settings_seen: false,
         }
     }
 
@@ -772,9 +771,176 @@ mod tests {
         assert_eq!(last.0.kind, frame::RST_STREAM, "the reset comes last");
         let (trailers, data) = rest.split_last().unwrap();
         assert_eq!(trailers.0.kind, frame::HEADERS);
-        assert_eq!(trailers.1, OK_TRAILERS);
+        // Re-encoded: the same field, never to be indexed.
+        assert_eq!(trailers.1[0], 0x10);
+        assert_eq!(trailers.1[1..], OK_TRAILERS[1..]);
         let body: Vec<u8> = data[1..].iter().flat_map(|(_, p)| p.clone()).collect();
         assert!(contains(&body, crate::reason::REASON.as_bytes()));
+    }
+
+    /// A literal with incremental indexing, new name (RFC 7541 §6.2.1): it
+    /// enters the table, as grpc-go's encoder does with most fields.
+    fn indexed_literal(name: &[u8], value: &[u8]) -> Vec<u8> {
+        let mut out = vec![0x40, u8::try_from(name.len()).unwrap()];
+        out.extend_from_slice(name);
+        out.push(u8::try_from(value.len()).unwrap());
+        out.extend_from_slice(value);
+        out
+    }
+
+    /// The client's view: every header block it got, decoded in order
+    /// against one table, as (stream, fields).
+    fn client_blocks(to_client: &[u8]) -> Vec<(u32, Vec<(String, String)>)> {
+        let mut decoder = hpack::Decoder::new();
+        let mut blocks = Vec::new();
+        let mut open: Option<(u32, Vec<(String, String)>)> = None;
+        for (head, payload) in frames(to_client) {
+            if head.kind != frame::HEADERS && head.kind != frame::CONTINUATION {
+                continue;
+            }
+            let (stream, mut fields) = open.take().unwrap_or((head.stream, Vec::new()));
+            decoder
+                .feed(head.fragment(&payload).unwrap(), &mut |n, v| {
+                    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+                    fields.push((text(n), text(v.unwrap())));
+                })
+                .unwrap_or_else(|e| panic!("stream {stream}: {e}"));
+            match head.flags & frame::END_HEADERS {
+                0 => open = Some((stream, fields)),
+                _ => {
+                    decoder.end().unwrap();
+                    blocks.push((stream, fields));
+                }
+            }
+        }
+        blocks
+    }
+
+    /// The runtime may use the client's HPACK table. Held trailers that
+    /// add to it are overtaken by other streams' blocks that refer to what
+    /// they added (the runtime encoded them after the trailers): the
+    /// client still decodes every block to what the runtime meant, the held
+    /// ones included, and so does a block that changes the table after that.
+    #[test]
+    fn held_trailers_that_change_the_table_are_overtaken_safely() {
+        let grpc = container_status_message();
+        let settings = [0, 4, 0, 0, 0, 10, 0, 1, 0, 0, 0x10, 0];
+        let mut client = frame_bytes(frame::SETTINGS, 0, 0, &settings);
+        let edited = request_block(CONTAINER_STATUS);
+        client.extend(frame_bytes(frame::HEADERS, frame::END_HEADERS, 1, &edited));
+        let version = request_block(b"/runtime.v1.RuntimeService/Version");
+        let flags = frame::END_HEADERS | frame::END_STREAM;
+        client.extend(frame_bytes(frame::HEADERS, flags, 3, &version));
+        client.extend(frame_bytes(frame::HEADERS, flags, 5, &version));
+
+        let mut upstream = frame_bytes(frame::SETTINGS, 0, 0, &[]);
+        upstream.extend(frame_bytes(frame::HEADERS, frame::END_HEADERS, 1, &[0x88]));
+        upstream.extend(frame_bytes(frame::DATA, 0, 1, &grpc));
+        // Held: its window is 10 bytes. Table: x-trace (62), grpc-status (63).
+        let held = [
+            indexed_literal(b"grpc-status", b"0"),
+            indexed_literal(b"x-trace", b"a"),
+        ]
+        .concat();
+        upstream.extend(frame_bytes(frame::HEADERS, flags, 1, &held));
+        // Refers to both, and adds x-more (62, the others move up).
+        upstream.extend(frame_bytes(frame::HEADERS, frame::END_HEADERS, 3, &[0x88]));
+        let trailers3 = [vec![0x80 | 63, 0x80 | 62], indexed_literal(b"x-more", b"b")].concat();
+        // Split: the re-encoded block must come whole too.
+        let (first, second) = trailers3.split_at(3);
+        upstream.extend(frame_bytes(frame::HEADERS, frame::END_STREAM, 3, first));
+        upstream.extend(frame_bytes(
+            frame::CONTINUATION,
+            frame::END_HEADERS,
+            3,
+            second,
+        ));
+        upstream.extend(frame_bytes(frame::HEADERS, frame::END_HEADERS, 5, &[0x88]));
+        upstream.extend(frame_bytes(
+            frame::HEADERS,
+            flags,
+            5,
+            &[0x80 | 64, 0x80 | 62],
+        ));
+        let more = frame_bytes(frame::WINDOW_UPDATE, 0, 1, &100_000u32.to_be_bytes());
+        let input = [
+            record(false, &client),
+            record(true, &upstream),
+            record(false, &more),
+        ]
+        .concat();
+
+        let (to_client, to_upstream) = feed(&input);
+        let sent = frames(to_upstream.strip_prefix(frame::PREFACE).unwrap());
+        assert_eq!(
+            sent[0].1, settings,
+            "the client's SETTINGS pass as they came"
+        );
+        let pair = |n: &str, v: &str| (n.to_string(), v.to_string());
+        let status = pair(":status", "200");
+        let blocks = client_blocks(&to_client);
+        let order: Vec<u32> = blocks.iter().map(|(s, _)| *s).collect();
+        assert_eq!(order, [1, 3, 3, 5, 5, 1], "the held trailers come last");
+        let ok = pair("grpc-status", "0");
+        let trace = pair("x-trace", "a");
+        assert_eq!(blocks[0].1, [status]);
+        assert_eq!(
+            blocks[2].1,
+            [ok.clone(), trace.clone(), pair("x-more", "b")]
+        );
+        assert_eq!(blocks[4].1, [ok.clone(), pair("x-more", "b")]);
+        assert_eq!(blocks[5].1, [ok, trace]);
+        let body: Vec<u8> = frames(&to_client)
+            .into_iter()
+            .filter(|(h, _)| h.kind == frame::DATA && h.stream == 1)
+            .flat_map(|(_, p)| p)
+            .collect();
+        assert!(contains(&body, crate::reason::REASON.as_bytes()));
+    }
+
+    /// Blocks that only refer to the table pass as they came, around held
+    /// trailers that only refer to it too.
+    #[test]
+    fn blocks_that_leave_the_table_alone_pass_as_they_came() {
+        let grpc = container_status_message();
+        let mut client = frame_bytes(frame::SETTINGS, 0, 0, &[0, 4, 0, 0, 0, 10]);
+        let edited = request_block(CONTAINER_STATUS);
+        client.extend(frame_bytes(frame::HEADERS, frame::END_HEADERS, 1, &edited));
+        let version = request_block(b"/runtime.v1.RuntimeService/Version");
+        let flags = frame::END_HEADERS | frame::END_STREAM;
+        client.extend(frame_bytes(frame::HEADERS, flags, 3, &version));
+        client.extend(frame_bytes(frame::HEADERS, flags, 5, &version));
+        let mut upstream = frame_bytes(frame::SETTINGS, 0, 0, &[]);
+        // Stream 3 answers first and fills the table.
+        let first = indexed_literal(b"grpc-status", b"0");
+        upstream.extend(frame_bytes(frame::HEADERS, frame::END_HEADERS, 3, &[0x88]));
+        upstream.extend(frame_bytes(frame::HEADERS, flags, 3, &first));
+        upstream.extend(frame_bytes(frame::HEADERS, frame::END_HEADERS, 1, &[0x88]));
+        upstream.extend(frame_bytes(frame::DATA, 0, 1, &grpc));
+        upstream.extend(frame_bytes(frame::HEADERS, flags, 1, &[0x80 | 62]));
+        upstream.extend(frame_bytes(frame::HEADERS, frame::END_HEADERS, 5, &[0x88]));
+        upstream.extend(frame_bytes(frame::HEADERS, flags, 5, &[0x80 | 62]));
+        let more = frame_bytes(frame::WINDOW_UPDATE, 0, 1, &100_000u32.to_be_bytes());
+        let input = [
+            record(false, &client),
+            record(true, &upstream),
+            record(false, &more),
+        ]
+        .concat();
+
+        let (to_client, _) = feed(&input);
+        let headers: Vec<(u32, Vec<u8>)> = frames(&to_client)
+            .into_iter()
+            .filter(|(h, _)| h.kind == frame::HEADERS)
+            .map(|(h, p)| (h.stream, p))
+            .collect();
+        assert_eq!(headers[2], (1, vec![0x88]));
+        assert_eq!(headers[3], (5, vec![0x88]));
+        assert_eq!(headers[4], (5, vec![0x80 | 62]), "not re-encoded");
+        assert_eq!(headers[5].0, 1, "the held trailers come last");
+        let blocks = client_blocks(&to_client);
+        let ok = ("grpc-status".to_string(), "0".to_string());
+        assert_eq!(blocks[5].1, [ok]);
     }
 
     /// With a 10-byte stream window, the edited answer reaches the client

@@ -623,16 +623,17 @@ def held_stream(args):
     the rest of the connection, and must go on once the window opens."""
     figures = {"release": args.release}
     problems = []
-    conn = Conn(args.socket, {SETTINGS_INITIAL_WINDOW_SIZE: 16}, connection_window=16 << 20)
+    conn = Conn(args.socket, {SETTINGS_INITIAL_WINDOW_SIZE: args.window},
+                connection_window=16 << 20)
     conn.pump(lambda: conn.settings_acks >= 1, 5, "waiting for the ACK of our SETTINGS")
 
     t0 = time.monotonic()
     held = conn.start_call(CONTAINER_STATUS, container_status_request(args.container_id),
                            credit=False)
     conn.pump(lambda: held.window == 0 or held.done(), 5,
-              "stream 1 (ContainerStatus) filling its 16-byte window")
+              f"stream 1 (ContainerStatus) filling its {args.window}-byte window")
     if held.done():
-        raise Fail(f"stream 1 ended within its 16-byte window ({held.outcome()}): "
+        raise Fail(f"stream 1 ended within its {args.window}-byte window ({held.outcome()}): "
                    "no edited answer to hold")
     figures["stuck_ms"] = ms_since(t0)
     # Let whatever else was coming for stream 1 arrive (nothing may: its
@@ -1186,8 +1187,11 @@ def main():
                            help="overall limit in seconds (a default per scenario)")
         return s
 
-    s = add("held-stream", "an edited answer held by a 16-byte stream window")
+    s = add("held-stream", "an edited answer held by a small stream window")
     s.add_argument("--container-id", required=True)
+    s.add_argument("--window", type=int, default=16,
+                   help="SETTINGS_INITIAL_WINDOW_SIZE: the runtime's whole unedited answer fits "
+                        "one as large as it, so its trailers wait in the proxy")
     s.add_argument("--release", choices=["settings", "rst", "error"], required=True)
     s.add_argument("--release-only", action="store_true",
                    help="skip the PING and Version while stream 1 waits: test the release alone")

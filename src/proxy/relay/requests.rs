@@ -1,7 +1,5 @@
 //! Frames from the client, on their way to the runtime.
 
-use bytes::BytesMut;
-
 use super::codec::Block;
 use super::streams::{Edit, Stream};
 use super::{DRAIN_PING, Drain, RelayError, State};
@@ -52,17 +50,17 @@ impl State {
                 {
                     return Err(RelayError::AfterGoaway(head.stream));
                 }
-                if let Some(block) = self.requests.frame(head, payload)? {
+                if let Some(block) = self.requests.frame(head, payload, false)? {
                     self.request(block);
                 }
             }
             frame::CONTINUATION => {
-                if let Some(block) = self.requests.frame(head, payload)? {
+                if let Some(block) = self.requests.frame(head, payload, false)? {
                     self.request(block);
                 }
             }
             frame::SETTINGS if head.flags & frame::ACK == 0 => {
-                return self.client_settings(head, payload);
+                return self.client_settings(head, frame);
             }
             frame::WINDOW_UPDATE => return self.client_window_update(head, payload, frame),
             frame::PING if head.flags & frame::ACK != 0 && payload == DRAIN_PING => {
@@ -93,7 +91,7 @@ impl State {
                     let read = match head.kind {
                         frame::WINDOW_UPDATE => self.client_window_update(head, payload, frame),
                         frame::SETTINGS if head.flags & frame::ACK == 0 => {
-                            self.client_settings(head, payload)
+                            self.client_settings(head, frame)
                         }
                         _ => Ok(()),
                     };
@@ -132,13 +130,12 @@ impl State {
         self.streams.insert(block.stream, Stream::new(call, edit));
     }
 
-    /// Applies the client's settings, and passes them on with its HPACK
-    /// table announced as empty (see the module docs of `relay`).
-    fn client_settings(&mut self, head: Head, payload: &[u8]) -> Result<(), RelayError> {
-        let mut settings = Vec::with_capacity(payload.len() / 6 + 1);
-        let mut table_announced = false;
-        for (id, value) in head.settings(payload)? {
+    /// Applies the client's settings, and passes them on as they came.
+    fn client_settings(&mut self, head: Head, frame: &[u8]) -> Result<(), RelayError> {
+        for (id, value) in head.settings(&frame[HEAD_LEN..])? {
             match id {
+                // The runtime's encoder may use this much table from now on.
+                frame::SETTINGS_HEADER_TABLE_SIZE => self.responses.allow_table(value),
                 frame::SETTINGS_INITIAL_WINDOW_SIZE => {
                     let delta = self.flow.initial_window(value);
                     for edit in self.streams.edits_mut() {
@@ -154,25 +151,8 @@ impl State {
                 }
                 _ => {}
             }
-            match id {
-                frame::SETTINGS_HEADER_TABLE_SIZE => {
-                    table_announced = true;
-                    settings.push((id, 0));
-                }
-                _ => settings.push((id, value)),
-            }
         }
-        if !self.settings_seen && !table_announced {
-            settings.push((frame::SETTINGS_HEADER_TABLE_SIZE, 0));
-        }
-        self.settings_seen = true;
-        let mut out = BytesMut::new();
-        frame::settings(head.flags, &settings, &mut out);
-        let rewritten = Head {
-            len: out.len() - HEAD_LEN,
-            ..head
-        };
-        self.to_upstream.relay(rewritten, &out);
+        self.to_upstream.relay(head, frame);
         self.flush();
         Ok(())
     }

@@ -109,9 +109,9 @@ impl State {
     }
 
     /// A HEADERS or CONTINUATION frame. A stream's trailers wait behind
-    /// the data it holds; every other block goes on at once.
+    /// the data it holds, and go re-encoded; every other block goes on at
+    /// once, as it came unless the codec says it must be re-encoded too.
     fn response_block(&mut self, head: Head, frame: &[u8]) -> Result<(), RelayError> {
-        let decoded = self.responses.frame(head, &frame[HEAD_LEN..])?;
         let id = head.stream;
         let held = match head.kind {
             frame::HEADERS => {
@@ -126,40 +126,50 @@ impl State {
                         self.send(id, rest, false, 0);
                     }
                 }
-                match self.streams.get_mut(id) {
-                    Some(stream) => {
-                        let holds = stream.holds();
-                        if holds {
-                            self.streams.begin_block(id, frame);
-                        }
-                        holds
-                    }
-                    None => false,
+                let held = self.streams.get_mut(id).is_some_and(|s| s.holds());
+                if held {
+                    self.streams.begin_block(id);
                 }
+                held
             }
-            _ => self
-                .streams
-                .get_mut(id)
-                .is_some_and(|s| s.continue_block(frame)),
+            // A CONTINUATION belongs to the block under way.
+            _ => false,
         };
-        if !held {
+        let decoded = self.responses.frame(head, &frame[HEAD_LEN..], held)?;
+        let captured = match &decoded {
+            Some(block) => block.fields.all.is_some(),
+            None => self.responses.capturing(),
+        };
+        if !captured {
             self.to_client.relay(head, frame);
             if self.to_client.held_block() > MAX_HELD_BLOCK {
                 return Err(RelayError::BlockTooLarge);
             }
         }
-        if let Some(block) = decoded {
-            if let Some(stream) = self.streams.get_mut(block.stream) {
-                // Only now: a block cut short never reaches the client.
-                stream.responded = true;
-                stream.end_block();
+        let Some(block) = decoded else {
+            return Ok(());
+        };
+        if let Some(fields) = &block.fields.all {
+            let frames = frame::header_block(
+                block.stream,
+                block.end_stream,
+                fields,
+                self.client_max_frame,
+            );
+            match self.streams.get_mut(block.stream) {
+                Some(stream) if stream.collecting() => stream.end_block(frames.freeze()),
+                _ => self.to_client.own(|out| out.extend_from_slice(&frames)),
             }
-            if block.end_stream {
-                let code = block.fields.grpc_status.unwrap_or(UNKNOWN);
-                self.end_call(block.stream, code);
-            }
-            self.flush_stream(block.stream);
         }
+        if let Some(stream) = self.streams.get_mut(block.stream) {
+            // Only now: a block cut short never reaches the client.
+            stream.responded = true;
+        }
+        if block.end_stream {
+            let code = block.fields.grpc_status.unwrap_or(UNKNOWN);
+            self.end_call(block.stream, code);
+        }
+        self.flush_stream(block.stream);
         Ok(())
     }
 

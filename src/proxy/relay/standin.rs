@@ -218,7 +218,7 @@ impl Standin {
         let ack = head.flags & frame::ACK != 0;
         match head.kind {
             frame::HEADERS | frame::CONTINUATION => {
-                if let Some(block) = self.requests.frame(head, payload)? {
+                if let Some(block) = self.requests.frame(head, payload, false)? {
                     if block.stream > self.last_stream {
                         self.last_stream = block.stream;
                         self.calls.push(block);

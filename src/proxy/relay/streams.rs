@@ -2,15 +2,13 @@
 //!
 //! Held frames belong to their stream: an answer that waits for the
 //! client's window delays that stream only, while frames of other streams,
-//! their header blocks and connection frames go on at once. Header blocks
-//! may overtake each other because the relay tells the runtime that the
-//! client's HPACK table is empty (SETTINGS_HEADER_TABLE_SIZE 0): no answer's
-//! header block refers to another's, so the client decodes them in any order.
+//! their header blocks and connection frames go on at once. A held header
+//! block is overtaken by others, so it goes re-encoded (`codec`).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 
 use super::flow::Window;
 use crate::proxy::body::Call;
@@ -28,9 +26,9 @@ pub(super) struct Stream {
     held: VecDeque<Piece>,
     /// Bytes in `held`.
     held_len: usize,
-    /// The frames of a header block that will wait behind `held`, while
-    /// its CONTINUATIONs are still arriving.
-    block: Option<BytesMut>,
+    /// A header block that will wait behind `held` is still arriving (the
+    /// codec keeps its fields; it is re-encoded once complete).
+    collecting: bool,
 }
 
 /// A stream whose response the relay edits, and so whose flow control it
@@ -71,13 +69,13 @@ impl Stream {
             edit,
             held: VecDeque::new(),
             held_len: 0,
-            block: None,
+            collecting: false,
         }
     }
 
     /// It holds frames (or is collecting a header block to hold).
     pub fn holds(&self) -> bool {
-        !self.held.is_empty() || self.block.is_some()
+        !self.held.is_empty() || self.collecting
     }
 
     /// The piece to send next, and the stream's window if the relay runs
@@ -99,33 +97,22 @@ impl Stream {
         }
     }
 
-    /// Starts a header block that waits behind what the stream holds.
-    pub fn begin_block(&mut self, frame: &[u8]) {
-        self.held_len += frame.len();
-        self.block = Some(BytesMut::from(frame));
-    }
-
-    /// A frame of the block `begin_block` started; true if there is one.
-    pub fn continue_block(&mut self, frame: &[u8]) -> bool {
-        let Some(block) = self.block.as_mut() else {
-            return false;
-        };
-        self.held_len += frame.len();
-        block.extend_from_slice(frame);
-        true
+    /// A header block that waits behind what the stream holds is arriving.
+    pub fn collecting(&self) -> bool {
+        self.collecting
     }
 
     /// Drops a block that will not be completed (the runtime went away).
     pub fn abandon_block(&mut self) {
-        if let Some(block) = self.block.take() {
-            self.held_len -= block.len();
-        }
+        self.collecting = false;
     }
 
-    /// The block is complete: it takes its place in the queue.
-    pub fn end_block(&mut self) {
-        if let Some(block) = self.block.take() {
-            self.held.push_back(Piece::Frames(block.freeze()));
+    /// The block is complete: its frames, re-encoded, take their place in
+    /// the queue.
+    pub fn end_block(&mut self, frames: Bytes) {
+        if std::mem::take(&mut self.collecting) {
+            self.held_len += frames.len();
+            self.held.push_back(Piece::Frames(frames));
         }
     }
 
@@ -207,10 +194,10 @@ impl Streams {
     }
 
     /// Starts stream `id`'s header block that waits behind its held frames.
-    pub fn begin_block(&mut self, id: u32, frame: &[u8]) {
+    pub fn begin_block(&mut self, id: u32) {
         self.waiting_from(id);
         if let Some(stream) = self.by_id.get_mut(&id) {
-            stream.begin_block(frame);
+            stream.collecting = true;
         }
     }
 
