@@ -68,7 +68,7 @@ use manager::{Manager, Step};
 use queue::{Next, Queue};
 use watches::{SyncGate, follow};
 
-pub use lease::LeaseSettings;
+pub use lease::{LeaseSettings, WallClock};
 pub use restarts::KubeletSettings;
 
 /// kruise-daemon runs 32 workers.
@@ -270,8 +270,9 @@ pub async fn run(
     let selector = format!("{}={node_name},{}=true", labels::NODE_NAME, labels::ACTIVE);
     let ready = Arc::new(synced);
     tokio::pin!(shutdown);
-    // The election outlives a change of CRR version; it ends last, giving
-    // the Lease up once no claim can be under way.
+    // The election outlives a change of CRR version. On shutdown it ends
+    // first, with the claimer: the Lease goes to another node at once,
+    // while this node's kills in flight finish.
     let (end_election, election_ends) = watch::channel(false);
     let election = (mode == Mode::Standalone).then(|| {
         let api = kube::Api::namespaced(client.clone(), &lease.namespace);
@@ -352,8 +353,9 @@ pub async fn run(
                 Arc::clone(&gate),
             )));
         }
+        let mut claimer = None;
         if let Some((leadership, _)) = &election {
-            let claimer = claim::Claimer {
+            let duty = claim::Claimer {
                 client: client.clone(),
                 crrs: crrs.clone(),
                 metrics: Arc::clone(&metrics),
@@ -362,7 +364,7 @@ pub async fn run(
                 unanswered: lease.unanswered,
                 recorder: claim_events,
             };
-            followers.push(tokio::spawn(claimer.run()));
+            claimer = Some(tokio::spawn(duty.run()));
         }
         // After a relist, the version the cluster serves may have changed
         // (OpenKruise upgraded): then everything starts over with it.
@@ -380,6 +382,14 @@ pub async fn run(
             () = &mut shutdown => None,
             now = changed => Some(now),
         };
+        if let Some(claimer) = claimer {
+            // A claim cut short is a conditional write that landed or not.
+            claimer.abort();
+            let _ = claimer.await;
+        }
+        if next.is_none() {
+            let _ = end_election.send(true);
+        }
         info!("agent stopping: no new work; waiting for the work in flight");
         let _ = stop.send(true);
         let _ = dispatcher.await;

@@ -487,7 +487,7 @@ impl RunArgs {
             namespace: self.lease_namespace.clone(),
             duration,
             renew_period: renew,
-            unanswered: crate::agent::LeaseSettings::default().unanswered,
+            ..crate::agent::LeaseSettings::default()
         })
     }
 }

@@ -9,7 +9,7 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crr_proxy::agent::{self, AgentConfig, LeaseSettings, Mode};
+use crr_proxy::agent::{self, AgentConfig, LeaseSettings, Mode, WallClock};
 use crr_proxy::kill::Killer;
 use crr_proxy::metrics::Metrics;
 use crr_proxy::proxy::{Proxy, Routes};
@@ -135,6 +135,13 @@ impl Fleet {
 
     /// Starts node `i`'s agent and waits until its watches have synced.
     async fn start_agent(&mut self, i: usize) {
+        let lease = self.lease.clone();
+        self.start_agent_with(i, lease).await;
+    }
+
+    /// Starts node `i`'s agent with election settings of its own (its
+    /// clock skewed, say).
+    async fn start_agent_with(&mut self, i: usize, lease: LeaseSettings) {
         let token = format!("{}-token", node(i));
         self.api.add_user(&token, UserInfo::node(&node(i)));
         let (synced, mut ready) = tokio::sync::watch::channel(false);
@@ -148,11 +155,10 @@ impl Fleet {
             .enable_all()
             .build()
             .unwrap();
-        let (api, endpoint, into, lease) = (
+        let (api, endpoint, into) = (
             self.api.clone(),
             self.endpoint.clone(),
             Arc::clone(&metrics),
-            self.lease.clone(),
         );
         let task = runtime.spawn(async move {
             // Built on the node's runtime: their connections live there.
@@ -207,6 +213,14 @@ impl Fleet {
             .iter()
             .find(|a| a.node == node(i))
             .expect("a started node")
+    }
+
+    /// The Lease's spec as the API server has it.
+    fn lease_spec(&self) -> Value {
+        self.api
+            .get(Resource::Lease, "kube-system", "crr-proxy-standalone")
+            .map(|l| l["spec"].clone())
+            .unwrap_or_default()
     }
 
     /// The node that holds the Lease, by the Lease itself.
@@ -758,4 +772,114 @@ async fn a_claim_from_a_stale_copy_conflicts_and_is_made_again() {
         [Some(409), Some(200)],
         "the holder's claims of the CRR"
     );
+}
+
+/// Node `i`'s election settings, its wall clock `ahead` seconds off.
+fn skewed(ahead: i64) -> LeaseSettings {
+    LeaseSettings {
+        clock: WallClock::skewed(k8s_openapi::jiff::SignedDuration::from_secs(ahead)),
+        ..lease()
+    }
+}
+
+/// A follower whose clock runs 30 s ahead reads the holder's renewTime as
+/// long past; it judges by when it saw the Lease change instead, and never
+/// takes a Lease that is being renewed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_whose_clock_runs_ahead_takes_no_live_lease() {
+    let ctrd = tokio::task::spawn_blocking(start_containerd).await.unwrap();
+    let mut fleet = Fleet::start(&ctrd, 1).await;
+    assert_eq!(fleet.holder().as_deref(), Some("node-0"));
+    fleet.start_agent_with(1, skewed(30)).await;
+    let lease = lease();
+    let watched = Instant::now();
+    while watched.elapsed() < lease.duration * 3 {
+        assert_eq!(
+            fleet.holder().as_deref(),
+            Some("node-0"),
+            "{}",
+            fleet.lease_spec()
+        );
+        assert!(!fleet.agent(1).holds_lease());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(fleet.lease_spec()["leaseTransitions"], 1);
+}
+
+/// A follower whose clock runs 30 s behind reads the holder's renewTime as
+/// far ahead; once the holder dies it still takes the Lease a Lease's
+/// duration after the last renewal it saw, not 30 s later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_whose_clock_runs_behind_takes_over_in_time() {
+    let ctrd = tokio::task::spawn_blocking(start_containerd).await.unwrap();
+    let mut fleet = Fleet::start(&ctrd, 1).await;
+    fleet.start_agent_with(1, skewed(-30)).await;
+    // It sees a renewal or two first.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    fleet.agent_mut(0).kill();
+    let killed = Instant::now();
+    let lease = lease();
+    let limit = lease.duration + lease.renew_period * 2 + Duration::from_secs(1);
+    wait_for(limit, || {
+        (fleet.holder().as_deref() == Some("node-1")).then_some(())
+    })
+    .await
+    .unwrap_or_else(|| panic!("node-1 took nothing in {limit:?}: {}", fleet.lease_spec()));
+    eprintln!(
+        "fleet: node-1 (30 s behind) took the Lease {:.2?} after node-0 died",
+        killed.elapsed()
+    );
+}
+
+/// SIGTERM on the holder while one of its kills runs an 8 s preStop hook:
+/// the Lease goes to the other node at once, and the kill still finishes
+/// (and is written) before the agent is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stopping_holder_gives_the_lease_up_before_its_kills_finish() {
+    let ctrd = tokio::task::spawn_blocking(start_containerd).await.unwrap();
+    let mut fleet = Fleet::start(&ctrd, 2).await;
+    assert_eq!(fleet.holder().as_deref(), Some("node-0"));
+    let mut app = ContainerSpec::graceful("app");
+    app.pre_stop = Some(json!({"exec": {"command": ["sleep", "8"]}}));
+    fleet.kubelet.run_pod(PodSpec::new("web", vec![app])).await;
+    fleet.create("slow", "web", "app");
+    wait_for(Duration::from_secs(10), || {
+        fleet
+            .crr("slow")
+            .filter(|c| c["status"]["phase"] == "Recreating")
+    })
+    .await
+    .expect("the kill begins");
+    // Into the preStop hook.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let index = fleet
+        .agents
+        .iter()
+        .position(|a| a.node == "node-0")
+        .unwrap();
+    let mut holder = fleet.agents.remove(index);
+    let stopping = Instant::now();
+    let stopped = tokio::spawn(async move {
+        holder.stop().await;
+        holder
+    });
+    let lease = lease();
+    wait_for(lease.renew_period * 2, || {
+        (fleet.holder().as_deref() == Some("node-1")).then_some(())
+    })
+    .await
+    .unwrap_or_else(|| panic!("node-1 did not take the Lease: {}", fleet.lease_spec()));
+    let handed = stopping.elapsed();
+    assert!(!stopped.is_finished(), "the agent waits for its kill");
+    let holder = stopped.await.unwrap();
+    let gone = stopping.elapsed();
+    assert!(!holder.holds_lease());
+    // The kill finished and was written before the agent was gone (the
+    // rest, seeing the container back, is for its next start).
+    let slow = fleet.crr("slow").unwrap();
+    assert_eq!(
+        slow["status"]["containerRecreateStates"][0]["isKilled"], true,
+        "{slow}"
+    );
+    eprintln!("fleet: the Lease went {handed:.2?} after SIGTERM, the agent {gone:.2?}");
 }

@@ -9,7 +9,11 @@
 //!   the Lease (`renewTime + duration`).
 //! - The others watch the Lease (one event per renewal, no request) and
 //!   take it when it is released or once it would expire, after a little
-//!   jitter so that thousands of nodes do not write in step.
+//!   jitter so that thousands of nodes do not write in step. "Would
+//!   expire" is judged as client-go's leader election judges it: by the
+//!   follower's own monotonic clock, `duration` after it last saw the
+//!   Lease change, never by comparing the holder's `renewTime` with its own
+//!   wall clock (two nodes' clocks may disagree by more than a Lease lasts).
 //! - Every write is conditional on the Lease's resourceVersion, so two
 //!   nodes never both take it; deploy/node-policy.yaml lets only the
 //!   current holderIdentity write unclaimed CRRs, so a holder that lost the
@@ -46,6 +50,28 @@ pub struct LeaseSettings {
     /// How long after its creation a claimed CRR may go unanswered by its
     /// node before the holder ends it (kruise-manager's `responseTimeout`).
     pub unanswered: Duration,
+    /// The wall clock this node writes into the Lease.
+    pub clock: WallClock,
+}
+
+/// The wall clock a node writes into `renewTime` and `acquireTime`, for
+/// people and `crr-proxy check` to read; the election never compares it
+/// with another node's. Tests skew it, as a node's clock may be.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WallClock {
+    ahead: SignedDuration,
+}
+
+impl WallClock {
+    /// A clock that runs `ahead` of the system's (behind, if negative).
+    pub fn skewed(ahead: SignedDuration) -> Self {
+        Self { ahead }
+    }
+
+    fn now(self) -> Timestamp {
+        let now = Timestamp::now();
+        now.checked_add(self.ahead).unwrap_or(now)
+    }
 }
 
 impl Default for LeaseSettings {
@@ -56,6 +82,7 @@ impl Default for LeaseSettings {
             duration: Duration::from_secs(15),
             renew_period: Duration::from_secs(5),
             unanswered: UNANSWERED,
+            clock: WallClock::default(),
         }
     }
 }
@@ -120,12 +147,15 @@ pub(crate) enum Step {
     Take,
     /// This node holds it: renew it.
     Renew,
-    /// Another node holds it until `expires`.
-    Follow { holder: String, expires: Timestamp },
+    /// Another node holds it until `expires` (by this node's clock).
+    Follow { holder: String, expires: Instant },
 }
 
-/// Decides on a Lease as read at `now` by node `me`.
-pub(crate) fn decide(spec: &LeaseSpec, me: &str, now: Timestamp) -> Step {
+/// Decides on a Lease as node `me` reads it at `now`, having first seen it
+/// as it is at `seen` (both by this node's monotonic clock): another
+/// node's Lease expires `leaseDurationSeconds` after this node saw it last
+/// change, whatever its `renewTime` says.
+pub(crate) fn decide(spec: &LeaseSpec, me: &str, seen: Instant, now: Instant) -> Step {
     let holder = spec.holder_identity.as_deref().unwrap_or_default();
     if holder.is_empty() {
         return Step::Take;
@@ -133,11 +163,8 @@ pub(crate) fn decide(spec: &LeaseSpec, me: &str, now: Timestamp) -> Step {
     if holder == me {
         return Step::Renew;
     }
-    let Some(renewed) = spec.renew_time.as_ref().or(spec.acquire_time.as_ref()) else {
-        return Step::Take;
-    };
-    let lasts = SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(0)));
-    let expires = renewed.0.checked_add(lasts).unwrap_or(renewed.0);
+    let lasts = u64::try_from(spec.lease_duration_seconds.unwrap_or(0)).unwrap_or(0);
+    let expires = seen + Duration::from_secs(lasts);
     if expires <= now {
         Step::Take
     } else {
@@ -148,13 +175,20 @@ pub(crate) fn decide(spec: &LeaseSpec, me: &str, now: Timestamp) -> Step {
     }
 }
 
+/// The Lease as this node last saw it change, and when (client-go's
+/// observedRecord and observedTime).
+struct Observed {
+    spec: LeaseSpec,
+    at: Instant,
+}
+
 /// What one round of the election found.
 enum Round {
     /// This node holds it: the Lease as written.
     Holds(Box<Lease>),
     Follows {
         holder: String,
-        expires: Timestamp,
+        expires: Instant,
     },
     /// Lost a race for the Lease: read it afresh now.
     Raced,
@@ -178,6 +212,7 @@ pub(crate) fn elect(
         metrics,
         until,
         seen,
+        observed: None,
     };
     let task = tokio::spawn(elector.run(changes, stop));
     (Leadership { until: rx }, task)
@@ -234,10 +269,11 @@ struct Elector {
     metrics: Arc<Metrics>,
     until: watch::Sender<Option<Instant>>,
     seen: Store<Lease>,
+    observed: Option<Observed>,
 }
 
 impl Elector {
-    async fn run(self, mut changes: Changes, mut stop: watch::Receiver<bool>) {
+    async fn run(mut self, mut changes: Changes, mut stop: watch::Receiver<bool>) {
         let renew = self.settings.renew_period;
         let mut following: Option<String> = None;
         // The base of the next write: the Lease as this node last wrote it,
@@ -267,13 +303,7 @@ impl Elector {
                         following = Some(holder);
                     }
                     self.set(None);
-                    let left = expires.duration_since(Timestamp::now());
-                    // A holder's clock ahead of ours never makes us wait
-                    // longer than a Lease lasts.
-                    let left = Duration::try_from(left)
-                        .unwrap_or_default()
-                        .min(self.settings.duration);
-                    left + jitter(renew / 2)
+                    expires.saturating_duration_since(Instant::now()) + jitter(renew / 2)
                 }
                 Ok(Ok(Round::Raced)) => {
                     fresh = true;
@@ -342,8 +372,8 @@ impl Elector {
 
     /// Reads the Lease (from `mine`, this node's last write, when it holds
     /// it), decides, and writes if it is to be taken or renewed.
-    async fn round(&self, mine: Option<Lease>, fresh: bool) -> Result<Round, kube::Error> {
-        let now = Timestamp::now();
+    async fn round(&mut self, mine: Option<Lease>, fresh: bool) -> Result<Round, kube::Error> {
+        let now = self.settings.clock.now();
         let current = match mine {
             Some(mine) => Some(mine),
             None => self.current(fresh).await?,
@@ -364,7 +394,8 @@ impl Elector {
             };
         };
         let spec = lease.spec.clone().unwrap_or_default();
-        let next = match decide(&spec, &self.me, now) {
+        let seen = self.observe(&spec);
+        let next = match decide(&spec, &self.me, seen, Instant::now()) {
             Step::Follow { holder, expires } => return Ok(Round::Follows { holder, expires }),
             Step::Take => {
                 debug!(previous = ?spec.holder_identity, "taking the standalone Lease");
@@ -385,6 +416,21 @@ impl Elector {
             Ok(written) => Ok(Round::Holds(Box::new(written))),
             Err(kube::Error::Api(status)) if status.code == 409 => Ok(Round::Raced),
             Err(error) => Err(error),
+        }
+    }
+
+    /// When this node first saw the Lease as `spec` has it.
+    fn observe(&mut self, spec: &LeaseSpec) -> Instant {
+        match &self.observed {
+            Some(observed) if observed.spec == *spec => observed.at,
+            _ => {
+                let at = Instant::now();
+                self.observed = Some(Observed {
+                    spec: spec.clone(),
+                    at,
+                });
+                at
+            }
         }
     }
 
@@ -417,7 +463,7 @@ impl Elector {
         lease.spec = Some(LeaseSpec {
             holder_identity: None,
             lease_duration_seconds: Some(1),
-            renew_time: Some(MicroTime(Timestamp::now())),
+            renew_time: Some(MicroTime(self.settings.clock.now())),
             ..spec
         });
         self.api
@@ -440,46 +486,58 @@ mod tests {
         }
     }
 
+    /// Expiry counts from when this node saw the Lease change, so the
+    /// holder's renewTime, a minute off either way, changes nothing.
     #[test]
     fn a_free_or_expired_lease_is_taken_and_a_live_one_followed() {
-        let now: Timestamp = "2026-12-01T10:00:20Z".parse().unwrap();
+        let seen = Instant::now();
+        let at = |secs| seen + Duration::from_secs(secs);
         let me = "node-a";
-        assert_eq!(decide(&spec(None, None, 15), me, now), Step::Take);
-        assert_eq!(decide(&spec(Some(""), None, 15), me, now), Step::Take);
+        let renewed = |t| spec(Some("node-b"), Some(t), 15);
+        assert_eq!(decide(&spec(None, None, 15), me, seen, at(0)), Step::Take);
         assert_eq!(
-            decide(&spec(Some(me), Some("2026-12-01T10:00:00Z"), 15), me, now),
+            decide(&spec(Some(""), None, 15), me, seen, at(0)),
+            Step::Take
+        );
+        assert_eq!(
+            decide(
+                &spec(Some(me), Some("2026-12-01T10:00:00Z"), 15),
+                me,
+                seen,
+                at(60)
+            ),
             Step::Renew,
             "its own Lease is renewed, even late"
         );
+        for renew_time in [
+            "2026-12-01T09:59:00Z",
+            "2026-12-01T10:01:00Z",
+            "1970-01-01T00:00:00Z",
+        ] {
+            assert_eq!(
+                decide(&renewed(renew_time), me, seen, at(14)),
+                Step::Follow {
+                    holder: "node-b".into(),
+                    expires: at(15)
+                },
+                "renewed {renew_time}"
+            );
+            assert_eq!(
+                decide(&renewed(renew_time), me, seen, at(15)),
+                Step::Take,
+                "expired exactly now"
+            );
+        }
         assert_eq!(
-            decide(
-                &spec(Some("node-b"), Some("2026-12-01T10:00:10Z"), 15),
-                me,
-                now
-            ),
+            decide(&spec(Some("node-b"), None, 15), me, seen, at(3)),
             Step::Follow {
                 holder: "node-b".into(),
-                expires: "2026-12-01T10:00:25Z".parse().unwrap()
-            }
-        );
-        assert_eq!(
-            decide(
-                &spec(Some("node-b"), Some("2026-12-01T10:00:05Z"), 15),
-                me,
-                now
-            ),
-            Step::Take,
-            "expired exactly now"
-        );
-        assert_eq!(
-            decide(&spec(Some("node-b"), None, 15), me, now),
-            Step::Take,
-            "never renewed nor acquired"
+                expires: at(15)
+            },
+            "never renewed nor acquired: it still gets its duration"
         );
         // A released Lease: no holder, one second.
-        assert_eq!(
-            decide(&spec(None, Some("2026-12-01T10:00:19Z"), 1), me, now),
-            Step::Take
-        );
+        let released = spec(None, Some("2026-12-01T10:00:19Z"), 1);
+        assert_eq!(decide(&released, me, seen, at(0)), Step::Take);
     }
 }
