@@ -6,6 +6,7 @@
 
 pub mod admission;
 pub mod client;
+pub mod lists;
 pub mod state;
 pub mod v1beta1;
 

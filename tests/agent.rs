@@ -1839,6 +1839,103 @@ async fn v1beta1_another_writers_completion_is_kept(mode: Setup) {
     assert_eq!(container_status(&pod, "app")["restartCount"], 1);
 }
 
+/// The body of a status PATCH (a merge patch names no spec) whose list
+/// `field` it writes.
+fn patches_list(field: &'static str) -> Arc<dyn Fn(&Value) -> bool + Send + Sync> {
+    Arc::new(move |body: &Value| body.get("spec").is_none() && body["status"][field].is_array())
+}
+
+/// Another writer (a second pass of a node agent, say) records `side` as
+/// recreated just before the agent first writes the states. A merge patch
+/// from the agent's copy would put `side` back to Pending and kill it
+/// again; the agent's write names the resourceVersion it read, conflicts,
+/// and decides again from the fresh copy: only `app` is recreated.
+async fn another_writers_states_are_decided_on_not_written_over(mode: Setup) {
+    let cluster = Cluster::new(mode).await;
+    let containers = vec![
+        ContainerSpec::graceful("app"),
+        ContainerSpec::graceful("side"),
+    ];
+    cluster
+        .kubelet
+        .run_pod(PodSpec::new("podlists", containers))
+        .await;
+    cluster
+        .api
+        .race_status_updates_with(1, patches_list("containerRecreateStates"), |_| {
+            let theirs = json!({"status": {"containerRecreateStates": [
+                {"name": "app", "phase": "Pending"},
+                {"name": "side", "phase": "Succeeded", "isKilled": true},
+            ]}});
+            (theirs, true)
+        });
+    cluster.create(
+        "crr-lists",
+        "podlists",
+        &["app", "side"],
+        Value::Null,
+        json!({}),
+    );
+    let done = cluster
+        .completed("crr-lists", Duration::from_secs(30))
+        .await;
+    assert_eq!(cluster.api.races_left(), 0, "the race happened");
+    assert_eq!(
+        states(&done),
+        json!([
+            {"name": "app", "phase": "Succeeded", "isKilled": true},
+            {"name": "side", "phase": "Succeeded", "isKilled": true},
+        ])
+    );
+    let pod = cluster.pod("podlists");
+    assert_eq!(container_status(&pod, "app")["restartCount"], 1);
+    assert_eq!(
+        container_status(&pod, "side")["restartCount"],
+        0,
+        "side was killed again"
+    );
+}
+
+/// kruise-manager adds a condition of its own just before the agent writes
+/// its PreRecreateGrace condition: both are there in the end.
+async fn v1beta1_another_writers_condition_is_kept() {
+    let cluster = Cluster::new(Setup {
+        mode: Mode::Standalone,
+        versions: CrrVersions::Both(Conversion::None),
+    })
+    .await;
+    cluster
+        .kubelet
+        .run_pod(PodSpec::new(
+            "podcond",
+            vec![ContainerSpec::graceful("app")],
+        ))
+        .await;
+    cluster
+        .api
+        .race_status_updates_with(1, patches_list("conditions"), |_| {
+            let theirs = json!({"status": {"conditions": [{
+                "type": "ManagerSaw",
+                "status": "True",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+                "reason": "Test",
+                "message": "written by another writer",
+            }]}});
+            (theirs, true)
+        });
+    let strategy = json!({"unreadyGracePeriodSeconds": 1});
+    cluster.create("crr-cond", "podcond", &["app"], strategy, json!({}));
+    let done = cluster.completed("crr-cond", Duration::from_secs(30)).await;
+    assert_eq!(cluster.api.races_left(), 0, "the race happened");
+    let types: Vec<&str> = done["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["type"].as_str())
+        .collect();
+    assert_eq!(types, ["ManagerSaw", "PreRecreateGrace"], "{done:#}");
+}
+
 macro_rules! in_both_modes {
     ($($name:ident),* $(,)?) => {
         mod kruise_master {
@@ -1899,6 +1996,10 @@ macro_rules! in_both_modes {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn a_crr_stored_before_the_crd_upgrade_completes() {
                 super::a_crr_stored_before_the_crd_upgrade_completes().await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn another_writers_condition_is_kept() {
+                super::v1beta1_another_writers_condition_is_kept().await
             }
 
 
@@ -2095,6 +2196,7 @@ in_both_modes!(
     restart_policies_decide_what_a_crr_does,
     native_sidecars_are_recreated_like_any_container,
     a_pod_deleted_mid_recreate_completes_the_crr,
+    another_writers_states_are_decided_on_not_written_over,
 );
 
 /// A hostile CRR: name, Pod, containers, strategy, more spec, and the

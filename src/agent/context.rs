@@ -21,10 +21,9 @@ use crate::cri::v1::{
     ContainerFilter, ContainerState, ContainerStatusRequest, ListContainersRequest, VersionRequest,
 };
 use crate::crr::client::{ApiVersion, CrrClient};
+use crate::crr::lists::StatusList;
 use crate::crr::state::{PodContainers, RuntimeContainer};
-use crate::crr::{
-    ContainerRecreateRequest, ContainerRecreateRequestStatus, ContainerRecreateState, Phase,
-};
+use crate::crr::{ContainerRecreateRequest, ContainerRecreateRequestStatus, Phase};
 use crate::kill::{self, Killer};
 use crate::metrics::{CrrOutcome, Metrics};
 use crate::reason::Recreated;
@@ -330,9 +329,8 @@ impl Context {
             match self.crrs.replace_status(&fresh).await {
                 Ok(written) => return Ok(Some(written)),
                 Err(kube::Error::Api(status)) if status.code == 409 && tries < 3 => {
-                    // client-go's retry.DefaultBackoff: 10 ms, ×5, jitter 0.1.
                     tries += 1;
-                    tokio::time::sleep(Duration::from_millis(10 * 5u64.pow(tries - 1))).await;
+                    after_conflict(tries).await;
                 }
                 Err(error) => return Err(error.into()),
             }
@@ -347,16 +345,52 @@ impl Context {
         }
     }
 
-    /// A merge patch of the whole state list; nothing else is touched.
-    pub(crate) async fn patch_states(
+    /// Writes one list of `crr`'s status as `decide` makes it from a copy
+    /// of the CRR (`None`: nothing to write), conditional on that copy's
+    /// resourceVersion (see `crr::lists`); after a conflict, `decide` runs
+    /// again on a fresh read, so that nothing another writer put there is
+    /// written over unseen. Nothing is written to a CRR gone or completed
+    /// meanwhile.
+    pub(crate) async fn write_list<T: serde::Serialize>(
         &self,
         crr: &ContainerRecreateRequest,
-        states: &[ContainerRecreateState],
+        list: &StatusList<T>,
+        decide: impl Fn(&[T]) -> Option<Vec<T>>,
     ) -> Result<(), AgentError> {
-        let patch = json!({"status": {"containerRecreateStates": states}});
-        let written = self.crrs.patch_status(crr, &patch).await?;
-        self.expect(&written);
-        Ok(())
+        let empty = ContainerRecreateRequestStatus::default();
+        let (namespace, name) = (crr.namespace().unwrap_or_default(), crr.name_any());
+        let mut read = crr.clone();
+        let mut tries = 0;
+        loop {
+            let Some(next) = decide((list.get)(read.status.as_ref().unwrap_or(&empty))) else {
+                debug!(crr = %name, list = list.field, "nothing (left) to write");
+                self.expect(&read);
+                return Ok(());
+            };
+            let patch = json!({
+                "metadata": {"resourceVersion": read.resource_version()},
+                "status": {list.field: next},
+            });
+            match self.crrs.patch_status(&read, &patch).await {
+                Ok(written) => {
+                    self.expect(&written);
+                    return Ok(());
+                }
+                Err(kube::Error::Api(status)) if status.code == 409 && tries < 3 => {
+                    tries += 1;
+                    after_conflict(tries).await;
+                }
+                Err(error) => return Err(error.into()),
+            }
+            match self.crrs.get(&namespace, &name).await? {
+                Some(fresh) if !is_finished(&fresh) => read = fresh,
+                Some(fresh) => {
+                    self.expect(&fresh);
+                    return Ok(());
+                }
+                None => return Ok(()),
+            }
+        }
     }
 
     // --- resourceVersion expectations, and first sight ---
@@ -457,6 +491,15 @@ pub(crate) fn truncated(mut text: String, limit: usize, suffix: &str) -> String 
     text.truncate(end);
     text.push_str(suffix);
     text
+}
+
+/// The wait before try `tries` after a conflict: client-go's
+/// retry.DefaultBackoff (10 ms, ×5; its 0.1 jitter left out).
+async fn after_conflict(tries: u32) {
+    tokio::time::sleep(Duration::from_millis(
+        10 * 5u64.pow(tries.saturating_sub(1)),
+    ))
+    .await;
 }
 
 #[cfg(test)]

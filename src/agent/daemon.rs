@@ -18,6 +18,7 @@ use super::manager::Manager;
 use super::queue::Next;
 use super::restarts;
 use super::{AgentError, PodKey, is_finished, phase};
+use crate::crr::lists;
 use crate::crr::state::{self, Candidate, NotKilled, PassEnd};
 use crate::crr::{ContainerRecreateRequest, Phase, labels};
 use crate::kill::{HookResult, KillError, KillRequest, OnStopping, StateAfter};
@@ -152,10 +153,16 @@ impl Daemon<'_> {
             .as_ref()
             .map(|s| s.container_recreate_states.clone())
             .unwrap_or_default();
-        let states = state::current_states(&crr.spec, &previous, &containers, &sync, now_nanos());
+        let now = now_nanos();
+        let states = state::current_states(&crr.spec, &previous, &containers, &sync, now);
         if states != previous {
-            // Publish the states before any kill.
-            self.ctx.patch_states(crr, &states).await?;
+            // Publish the states before any kill; decided again from what
+            // another writer made of them, should one have come between.
+            let decide = |previous: &[_]| {
+                let states = state::current_states(&crr.spec, previous, &containers, &sync, now);
+                (states != previous).then_some(states)
+            };
+            self.ctx.write_list(crr, &lists::STATES, decide).await?;
             return Ok(Next::Done);
         }
         let strategy = crr.spec.strategy.clone().unwrap_or_default();
@@ -165,7 +172,13 @@ impl Daemon<'_> {
         .await;
         Ok(match end {
             PassEnd::Patch(states) => {
-                self.ctx.patch_states(crr, &states).await?;
+                // What this pass did (its kills) carried onto whatever
+                // another writer made of the other entries.
+                let decide = |theirs: &[_]| {
+                    let next = lists::rebase(&previous, &states, theirs, lists::STATES.key);
+                    (next != theirs).then_some(next)
+                };
+                self.ctx.write_list(crr, &lists::STATES, decide).await?;
                 Next::Done
             }
             PassEnd::Complete => {

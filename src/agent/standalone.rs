@@ -35,10 +35,10 @@ use super::manager::Step;
 use super::queue::Next;
 use super::watches::{SyncGate, Watched, follow};
 use super::{Agent, AgentError, PodKey, is_finished, phase};
-use crate::crr::admission;
 use crate::crr::client::{ApiVersion, CrrClient};
 use crate::crr::{ContainerRecreateRequest, Phase, SyncContainerStatus, annotations, labels};
 use crate::crr::{PRE_RECREATE_GRACE, pre_recreate_grace};
+use crate::crr::{admission, lists};
 use crate::metrics::CrrOutcome;
 use crate::restart_rules;
 use crate::telemetry::Chain;
@@ -369,8 +369,9 @@ async fn write_snapshot(
     if snapshot.is_empty() || snapshot == current {
         return Ok(false);
     }
-    let patch = json!({"status": {"containerStatusSnapshot": snapshot}});
-    ctx.crrs.patch_status(crr, &patch).await?;
+    let snapshot: Vec<SyncContainerStatus> = snapshot.into_iter().cloned().collect();
+    let decide = |current: &[SyncContainerStatus]| (current != snapshot).then(|| snapshot.clone());
+    ctx.write_list(crr, &lists::SNAPSHOT, decide).await?;
     Ok(true)
 }
 
@@ -468,16 +469,19 @@ pub(crate) async fn acquire_unready(
     }
     // v1beta1 keeps the time in a condition, v1alpha1 in an annotation.
     if ctx.crrs.version() == ApiVersion::V1beta1 {
-        let mut conditions: Vec<Condition> = crr
-            .status
-            .iter()
-            .flat_map(|s| s.conditions.iter())
-            .filter(|c| c.type_ != PRE_RECREATE_GRACE)
-            .cloned()
-            .collect();
-        conditions.push(pre_recreate_grace(Timestamp::now()));
-        let patch = json!({"status": {"conditions": conditions}});
-        ctx.crrs.patch_status(crr, &patch).await?;
+        let now = Timestamp::now();
+        // Every other condition stays as it is (kruise-manager's); one
+        // already True keeps its time, as meta.SetStatusCondition does.
+        let decide = |current: &[Condition]| {
+            let granted = current
+                .iter()
+                .any(|c| c.type_ == PRE_RECREATE_GRACE && c.status == "True");
+            let others = current.iter().filter(|c| c.type_ != PRE_RECREATE_GRACE);
+            let mut conditions: Vec<Condition> = others.cloned().collect();
+            conditions.push(pre_recreate_grace(now));
+            (!granted).then_some(conditions)
+        };
+        ctx.write_list(crr, &lists::CONDITIONS, decide).await?;
     } else {
         let stamp = Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
         let patch = json!({"metadata": {"annotations": {annotations::UNREADY_ACQUIRED: stamp}}});

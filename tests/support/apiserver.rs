@@ -783,10 +783,10 @@ impl FakeApiServer {
         });
     }
 
-    /// The next `count` PUTs of a CRR's status lose a race: just before
-    /// each, another writer updates the CRR (an annotation), so the PUT's
-    /// resourceVersion is stale and the server answers 409 Conflict, as it
-    /// would. Only a writer that reads the CRR afresh gets through.
+    /// The next `count` writes (PUT or PATCH) of a CRR's status lose a race:
+    /// just before each, another writer updates the CRR (an annotation), so
+    /// a write naming the resourceVersion it read gets 409 Conflict, as it
+    /// would; one that names none goes over the other writer's change.
     pub fn race_status_updates(&self, count: usize) {
         self.race_status_updates_with(count, Arc::new(|_| true), |left| {
             let patch = json!({"metadata": {"annotations": {
@@ -796,8 +796,8 @@ impl FakeApiServer {
         });
     }
 
-    /// As [`race_status_updates`](Self::race_status_updates), for the PUTs
-    /// whose body `matches`; the other writer applies the merge patch `other`
+    /// As [`race_status_updates`](Self::race_status_updates), for the writes
+    /// whose body (object or patch) `matches`; the other writer applies the merge patch `other`
     /// makes (given the races left, and whether it patches the status).
     pub fn race_status_updates_with(
         &self,
@@ -1771,7 +1771,12 @@ impl FakeApiServer {
                         format!("patch type {content_type}"),
                     ));
                 }
-                self.patch_as(view, resource, &ns, name, &parse()?, status)
+                let body = parse()?;
+                let raced = resource == Resource::Crr && status;
+                if let Some((other, on_status)) = raced.then(|| self.take_race(&body)).flatten() {
+                    self.patch(resource, &ns, name, &other, on_status)?;
+                }
+                self.patch_as(view, resource, &ns, name, &body, status)
                     .and_then(|obj| ok(200, obj))
             }
             (&Method::DELETE, Some(name)) => {
