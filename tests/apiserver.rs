@@ -481,3 +481,78 @@ async fn discovery_from_the_root_lists_what_is_served() {
         .unwrap();
     assert!(find(&discovery, "apps.kruise.io", "clonesets"));
 }
+
+/// Selectors as kube-apiserver parses them: set-based label selectors
+/// select, a malformed one is a 400, and a field selector may name only the
+/// fields the kind registers (a custom resource: its name and namespace).
+#[tokio::test]
+async fn selectors_follow_the_real_servers_rules() {
+    let server = FakeApiServer::start().await;
+    let api: Api<ContainerRecreateRequest> = Api::namespaced(server.client(), "default");
+    for (name, node) in [("a", "n1"), ("b", "n2"), ("c", "n3")] {
+        api.create(&PostParams::default(), &crr(name, json!({"node": node})))
+            .await
+            .unwrap();
+    }
+    let names = |selector: &str| {
+        let api = api.clone();
+        let selector = selector.to_owned();
+        async move {
+            let list = api.list(&ListParams::default().labels(&selector)).await?;
+            let mut names: Vec<String> = list
+                .items
+                .into_iter()
+                .filter_map(|c| c.metadata.name)
+                .collect();
+            names.sort();
+            Ok::<_, kube::Error>(names)
+        }
+    };
+    assert_eq!(names("node in (n1, n3)").await.unwrap(), ["a", "c"]);
+    assert_eq!(names("node notin (n1)").await.unwrap(), ["b", "c"]);
+    assert_eq!(names("!node").await.unwrap(), Vec::<String>::new());
+    assert_eq!(names("node,node!=n2").await.unwrap(), ["a", "c"]);
+    for bad in ["node in n1", "node in ()", "-bad=x", "node=a/b"] {
+        match names(bad).await {
+            Err(kube::Error::Api(status)) => assert_eq!(status.code, 400, "{bad}: {status:?}"),
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+    let by_name = ListParams::default().fields("metadata.name=b");
+    assert_eq!(api.list(&by_name).await.unwrap().items.len(), 1);
+    let by_spec = ListParams::default().fields("spec.podName=web-0");
+    match api.list(&by_spec).await {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 400);
+            assert_eq!(status.message, "field label not supported: spec.podName");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Pods register spec.nodeName; Leases nothing beyond the name.
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(server.client(), "default");
+    assert!(
+        pods.list(&ListParams::default().fields("spec.nodeName=n1"))
+            .await
+            .is_ok()
+    );
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(server.client(), "default");
+    assert!(
+        leases
+            .list(&ListParams::default().fields("spec.holderIdentity=x"))
+            .await
+            .is_err()
+    );
+    // A custom resource takes no strategic merge patch.
+    let patch = json!({"metadata": {"labels": {"x": "y"}}});
+    match api
+        .patch("a", &PatchParams::default(), &Patch::Strategic(&patch))
+        .await
+    {
+        Err(kube::Error::Api(status)) => assert_eq!(status.code, 415),
+        other => panic!("{other:?}"),
+    }
+    api.patch("a", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}

@@ -349,8 +349,7 @@ impl Context {
     /// of the CRR (`None`: nothing to write), conditional on that copy's
     /// resourceVersion (see `crr::lists`); after a conflict, `decide` runs
     /// again on a fresh read, so that nothing another writer put there is
-    /// written over unseen. Nothing is written to a CRR gone or completed
-    /// meanwhile.
+    /// written over unseen.
     pub(crate) async fn write_list<T: serde::Serialize>(
         &self,
         crr: &ContainerRecreateRequest,
@@ -382,12 +381,11 @@ impl Context {
                 }
                 Err(error) => return Err(error.into()),
             }
+            // A list still goes to a CRR completed meanwhile: it records
+            // what happened (a kill that finished after the deadline), and
+            // touches no phase.
             match self.crrs.get(&namespace, &name).await? {
-                Some(fresh) if !is_finished(&fresh) => read = fresh,
-                Some(fresh) => {
-                    self.expect(&fresh);
-                    return Ok(());
-                }
+                Some(fresh) => read = fresh,
                 None => return Ok(()),
             }
         }
