@@ -1950,10 +1950,10 @@ impl FakeApiServer {
                 // the Go types' patch strategies (staging/src/k8s.io/
                 // apiextensions-apiserver/pkg/apiserver/customresource_handler.go,
                 // whose supported patch types leave it out).
+                let merge = content_type.starts_with("application/merge-patch+json");
                 let strategic = content_type.starts_with("application/strategic-merge-patch+json");
-                if !content_type.starts_with("application/merge-patch+json")
-                    && !(strategic && !resource.is_custom())
-                {
+                let accepted = merge || (strategic && !resource.is_custom());
+                if !accepted {
                     return Err(ApiError::new(
                         415,
                         "UnsupportedMediaType",
