@@ -28,7 +28,7 @@ use super::seen::{Seen, active, budgets_over, controller, ready, restarts};
 use super::target::Kind;
 use super::waves::{Next, Progress, next_wave};
 use super::{Change, Changes, DryRun, Ended, Options, Output, Place, RestartError, print, seed};
-use crate::crr::Phase;
+use crate::crr::{ContainerRecreateRequest, Phase};
 
 /// The run a CRR belongs to.
 pub const RUN: &str = "crr-proxy.io/run";
@@ -700,6 +700,11 @@ fn land(pod: &str, flight: &mut Flight, seen: &Seen) -> Option<Step> {
     match seen.crrs.items.get(&flight.crr) {
         Some(crr) => {
             flight.seen = true;
+            if flight.before.is_none() {
+                // A resumed run never read the Pod before: the counts the
+                // CRR was accepted with are the "before".
+                flight.before = accepted_counts(crr);
+            }
             let object = seen.pods.items.get(pod);
             let events = seen.events_of(pod, flight.since);
             flight
@@ -741,9 +746,21 @@ fn land(pod: &str, flight: &mut Flight, seen: &Seen) -> Option<Step> {
         (Some(before), Some(recreated)) => recreated
             .iter()
             .all(|name| now.get(name) > before.get(name)),
-        _ => true,
+        // Nothing to compare with: a Ready Pod proves nothing.
+        _ => false,
     };
     (ready(object) && restarted).then_some(Step::Restarted)
+}
+
+/// The restart counts `crr` was accepted with (its containers'
+/// `statusContext`, which the webhook or the agent fills in), if it has
+/// them all.
+fn accepted_counts(crr: &ContainerRecreateRequest) -> Option<BTreeMap<String, i32>> {
+    crr.spec
+        .containers
+        .iter()
+        .map(|c| Some((c.name.clone(), c.status_context.as_ref()?.restart_count)))
+        .collect()
 }
 
 #[cfg(test)]
@@ -754,6 +771,56 @@ mod tests {
     fn selectors_become_queries() {
         let selector = super::super::seen::tests::web_tier_not_canary();
         assert_eq!(selector_query(&selector), "app=web,tier in (a,b),!canary");
+    }
+
+    /// A resumed run follows a CRR it did not create: the Pod is Ready and
+    /// the CRR succeeded, but the Pod still shows the restart count the CRR
+    /// was accepted with, so the restart has not landed yet.
+    #[test]
+    fn a_resumed_flight_lands_only_once_the_counts_have_moved() {
+        let crr: ContainerRecreateRequest = serde_json::from_value(serde_json::json!({
+            "apiVersion": "apps.kruise.io/v1alpha1",
+            "kind": "ContainerRecreateRequest",
+            "metadata": {"name": "web-0-restart", "namespace": "default"},
+            "spec": {"podName": "web-0", "containers": [
+                {"name": "app", "statusContext": {"containerID": "containerd://a", "restartCount": 2}}
+            ]},
+            "status": {"phase": "Completed", "completionTime": "2026-12-03T10:00:00Z",
+                       "containerRecreateStates": [{"name": "app", "phase": "Succeeded", "isKilled": true}]}
+        }))
+        .unwrap();
+        let pod = |restarts: i32| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "web-0", "namespace": "default"},
+                "status": {"phase": "Running",
+                           "conditions": [{"type": "Ready", "status": "True"}],
+                           "containerStatuses": [{"name": "app", "ready": true, "restartCount": restarts,
+                                                  "image": "i", "imageID": "", "containerID": "containerd://b"}]}
+            }))
+            .unwrap()
+        };
+        let mut seen = Seen::default();
+        seen.crrs.items.insert(crr.name_any(), crr.clone());
+        let mut flight = Flight {
+            crr: crr.name_any(),
+            tracker: Tracker::default(),
+            before: None,
+            since: None,
+            started: Instant::now(),
+            seen: true,
+            recreated: None,
+        };
+        seen.pods.items.insert("web-0".into(), pod(2));
+        assert!(
+            land("web-0", &mut flight, &seen).is_none(),
+            "not restarted yet"
+        );
+        assert_eq!(flight.before, Some(BTreeMap::from([("app".into(), 2)])));
+        seen.pods.items.insert("web-0".into(), pod(3));
+        assert!(matches!(
+            land("web-0", &mut flight, &seen),
+            Some(Step::Restarted)
+        ));
     }
 
     #[test]
