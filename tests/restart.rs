@@ -721,6 +721,88 @@ async fn a_disruption_budget_holds_the_run_and_lowers_its_waves() {
     assert_eq!(node.restart_counts(&web.pods), vec![1; 4]);
 }
 
+/// The run's watch of the budgets lags 10 s behind (a slow watch cache).
+/// While the first Pod restarts, the budget is lowered to allow nothing:
+/// the run reads the budgets afresh before its second wave and waits,
+/// instead of trusting its stale copy, until the budget allows one again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_wave_reads_the_budgets_afresh() {
+    let node = Node::start().await;
+    let web = node.deployment("web", 2, slow_ready).await;
+    let budget = |max: u32| json!({"spec": {"maxUnavailable": max}});
+    node.api
+        .create(
+            Resource::PodDisruptionBudget,
+            "default",
+            json!({"metadata": {"name": "web"},
+                   "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "web"}}}}),
+        )
+        .unwrap();
+    support::roles::wait_for(Duration::from_secs(5), || {
+        node.api
+            .get(Resource::PodDisruptionBudget, "default", "web")
+            .filter(|b| b["status"]["disruptionsAllowed"] == 1)
+    })
+    .await
+    .expect("the disruption controller judged the budget");
+    node.api.set_watches(support::apiserver::Watches {
+        lag: [(Resource::PodDisruptionBudget, Duration::from_secs(10))].into(),
+        ..Default::default()
+    });
+    let run = {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_crr-proxy"));
+        command
+            .args([
+                "restart",
+                "deploy/web",
+                "-c",
+                "app",
+                "--max-unavailable",
+                "1",
+            ])
+            .env("KUBECONFIG", &node.kubeconfig);
+        tokio::task::spawn_blocking(move || command.output().unwrap())
+    };
+    support::roles::wait_for(Duration::from_secs(10), || {
+        (node.crrs("default").len() == 1).then_some(())
+    })
+    .await
+    .expect("the first wave");
+    node.api
+        .patch(
+            Resource::PodDisruptionBudget,
+            "default",
+            "web",
+            &budget(0),
+            false,
+        )
+        .unwrap();
+    // Long enough for the first Pod to be back and Ready, well within the lag.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        node.crrs("default").len(),
+        1,
+        "a second wave while the budget allows nothing"
+    );
+    node.api
+        .patch(
+            Resource::PodDisruptionBudget,
+            "default",
+            "web",
+            &budget(1),
+            false,
+        )
+        .unwrap();
+    let output = run.await.unwrap();
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    assert!(
+        out.contains("waiting: PodDisruptionBudget web allows no disruption now\n"),
+        "{out}"
+    );
+    assert_eq!(node.restart_counts(&web.pods), vec![1; 2]);
+}
+
 fn second_fails(name: &str) -> PodSpec {
     let mut spec = slow_ready(name);
     if name.ends_with("c9q4m") {

@@ -129,11 +129,12 @@ pub fn controller(references: &[OwnerReference]) -> Option<&str> {
         .map(|r| r.uid.as_str())
 }
 
-/// The budgets that select any of `pods`.
-pub fn budgets_over(seen: &Seen, pods: &[&Pod]) -> Vec<Budget> {
-    seen.budgets
-        .items
-        .values()
+/// The budgets of `budgets` that select any of `pods`.
+pub fn budgets_over<'a>(
+    budgets: impl Iterator<Item = &'a PodDisruptionBudget>,
+    pods: &[&Pod],
+) -> Vec<Budget> {
+    budgets
         .filter(|b| {
             let selector = b.spec.as_ref().and_then(|s| s.selector.as_ref());
             pods.iter()

@@ -441,8 +441,23 @@ impl<'o> Walk<'o> {
         }
         let owned: Vec<&Pod> = seen.owned_by(&self.owners).collect();
         let unready = owned.iter().filter(|p| !ready(p)).count();
-        let budgets = budgets_over(seen, &owned);
-        let size = match next_wave(self.max, unready, &budgets, left.len()) {
+        let cached = budgets_over(seen.budgets.items.values(), &owned);
+        let mut next = next_wave(self.max, unready, &cached, left.len());
+        if let Next::Wave(_) = next {
+            // The watch's copy of the budgets may be behind: they are read
+            // afresh just before the wave's CRRs are created.
+            let api = Api::<PodDisruptionBudget>::namespaced(at.client.clone(), &at.namespace);
+            next = match api.list(&ListParams::default()).await {
+                Ok(fresh) => {
+                    let budgets = budgets_over(fresh.items.iter(), &owned);
+                    next_wave(self.max, unready, &budgets, left.len())
+                }
+                Err(error) => Next::Wait(format!(
+                    "waiting: cannot read the PodDisruptionBudgets: {error}"
+                )),
+            };
+        }
+        let size = match next {
             Next::Wave(size) => size,
             Next::Wait(why) => {
                 if self.waiting.as_ref() != Some(&why) {
