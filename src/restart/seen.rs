@@ -16,29 +16,42 @@ use super::follow::last_seen;
 use super::waves::Budget;
 use crate::crr::ContainerRecreateRequest;
 
-/// The objects one watch has shown, as they are now. A relist (after a
-/// watch expired) replaces them once it is complete.
+/// The objects one watch has shown, as they are now, by name (or by the
+/// key `key` makes). A relist (after a watch expired) replaces them once it
+/// is complete.
 pub struct Mirror<K> {
     pub items: BTreeMap<String, K>,
     relisting: Option<BTreeMap<String, K>>,
+    key: fn(&K) -> String,
 }
 
-impl<K> Default for Mirror<K> {
+impl<K: kube::Resource> Default for Mirror<K> {
     fn default() -> Self {
-        Self {
-            items: BTreeMap::new(),
-            relisting: None,
-        }
+        Self::keyed(|object| object.name_any())
     }
 }
 
 impl<K: kube::Resource> Mirror<K> {
-    fn apply(&mut self, event: watcher::Event<K>) {
+    fn keyed(key: fn(&K) -> String) -> Self {
+        Self {
+            items: BTreeMap::new(),
+            relisting: None,
+            key,
+        }
+    }
+
+    /// Takes `event`; an object `keep` refuses is not kept (and one kept
+    /// before is forgotten).
+    fn apply(&mut self, event: watcher::Event<K>, keep: impl Fn(&K) -> bool) {
         match event {
             watcher::Event::Init => self.relisting = Some(BTreeMap::new()),
             watcher::Event::InitApply(object) => {
+                let key = (self.key)(&object);
                 let items = self.relisting.as_mut().unwrap_or(&mut self.items);
-                items.insert(object.name_any(), object);
+                match keep(&object) {
+                    true => items.insert(key, object),
+                    false => items.remove(&key),
+                };
             }
             watcher::Event::InitDone => {
                 if let Some(items) = self.relisting.take() {
@@ -46,31 +59,62 @@ impl<K: kube::Resource> Mirror<K> {
                 }
             }
             watcher::Event::Apply(object) => {
-                self.items.insert(object.name_any(), object);
+                let key = (self.key)(&object);
+                match keep(&object) {
+                    true => self.items.insert(key, object),
+                    false => self.items.remove(&key),
+                };
             }
             watcher::Event::Delete(object) => {
-                self.items.remove(&object.name_any());
+                self.items.remove(&(self.key)(&object));
             }
         }
     }
 }
 
+/// The Pod an Event is about.
+fn regarding(event: &Event) -> &str {
+    event
+        .regarding
+        .as_ref()
+        .and_then(|r| r.name.as_deref())
+        .unwrap_or_default()
+}
+
 /// The cluster as the watches show it.
-#[derive(Default)]
 pub struct Seen {
     pub crrs: Mirror<ContainerRecreateRequest>,
     pub pods: Mirror<Pod>,
     pub budgets: Mirror<PodDisruptionBudget>,
+    /// Events about the watched Pods only (the namespace may hold many
+    /// more), by `<pod>/<event>`, so that one Pod's are a range.
     pub events: Mirror<Event>,
+}
+
+impl Default for Seen {
+    fn default() -> Self {
+        Self {
+            crrs: Mirror::default(),
+            pods: Mirror::default(),
+            budgets: Mirror::default(),
+            events: Mirror::keyed(|e| format!("{}/{}", regarding(e), e.name_any())),
+        }
+    }
 }
 
 impl Seen {
     pub fn apply(&mut self, change: Change) {
+        fn all<K>(_: &K) -> bool {
+            true
+        }
         match change {
-            Change::Crr(e) => self.crrs.apply(*e),
-            Change::Pod(e) => self.pods.apply(*e),
-            Change::Budget(e) => self.budgets.apply(*e),
-            Change::Event(e) => self.events.apply(*e),
+            Change::Crr(e) => self.crrs.apply(*e, all),
+            Change::Pod(e) => self.pods.apply(*e, all),
+            Change::Budget(e) => self.budgets.apply(*e, all),
+            Change::Event(e) => {
+                let pods = &self.pods.items;
+                self.events.apply(*e, |e| pods.contains_key(regarding(e)));
+            }
         }
     }
 
@@ -84,10 +128,12 @@ impl Seen {
 
     /// The Pod's Events since `since` (Unix seconds).
     pub fn events_of(&self, pod: &str, since: Option<i64>) -> Vec<Event> {
+        let from = format!("{pod}/");
         self.events
             .items
-            .values()
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pod))
+            .range(from.clone()..)
+            .take_while(|(key, _)| key.starts_with(&from))
+            .map(|(_, e)| e)
             .filter(|e| {
                 last_seen(e)
                     .zip(since)
@@ -200,6 +246,46 @@ pub(super) mod tests {
                 },
             ]),
         }
+    }
+
+    /// Only Events about the watched Pods are kept, and each Pod's are
+    /// found as a range of their own.
+    #[test]
+    fn events_of_other_pods_are_not_kept() {
+        let pod = |name: &str| -> Pod {
+            serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap()
+        };
+        let event = |name: &str, about: &str| -> Event {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name},
+                "eventTime": "2026-12-03T10:00:00.000000Z",
+                "regarding": {"kind": "Pod", "name": about},
+            }))
+            .unwrap()
+        };
+        let mut seen = Seen::default();
+        for name in ["web-1", "web-10"] {
+            let change = watcher::Event::Apply(pod(name));
+            seen.apply(Change::Pod(Box::new(change)));
+        }
+        for (name, about) in [
+            ("a", "web-1"),
+            ("b", "web-10"),
+            ("c", "other"),
+            ("d", "web-1"),
+        ] {
+            let change = watcher::Event::Apply(event(name, about));
+            seen.apply(Change::Event(Box::new(change)));
+        }
+        assert_eq!(seen.events.items.len(), 3, "the other Pod's is not kept");
+        let names = |pod| -> Vec<String> {
+            seen.events_of(pod, Some(0))
+                .iter()
+                .map(|e| e.name_any())
+                .collect()
+        };
+        assert_eq!(names("web-1"), ["a", "d"]);
+        assert_eq!(names("web-10"), ["b"]);
     }
 
     #[test]

@@ -104,7 +104,14 @@ pub async fn run(
     let mut seen = Seen::default();
     // Every watch has listed: what the channel holds now is the cluster.
     changes.listed().await?;
+    let mut listed = Vec::new();
     while let Ok(change) = changes.rx.try_recv() {
+        listed.push(change);
+    }
+    // The Pods first: only Events about them are kept. (A stable sort:
+    // each watch's own events stay in order.)
+    listed.sort_by_key(|change| !matches!(change, Change::Pod(_)));
+    for change in listed {
         seen.apply(change);
     }
     for crr in seen.crrs.items.values() {
