@@ -344,3 +344,72 @@ async fn other_users_are_not_matched_and_unknown_tokens_are_refused() {
         Api::<ContainerRecreateRequest>::namespaced(server.client_as("nobody"), "default");
     assert_eq!(code(stranger.get("of-a").await).0, 401);
 }
+
+/// Leases: a node creates none but the standalone Lease, holds it only under
+/// its own name, and gives up only its own; a stolen credential can still
+/// take it under its own node's name.
+#[tokio::test]
+async fn a_node_holds_the_lease_only_as_itself() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::PostParams;
+    let server = server().await;
+    let leases = |token: &str, namespace: &str| -> Api<Lease> {
+        Api::namespaced(server.client_as(token), namespace)
+    };
+    let lease = |name: &str, holder: &str| -> Lease {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15}
+        }))
+        .unwrap()
+    };
+    let create =
+        |token: &'static str, namespace: &'static str, name: &'static str, holder: &'static str| {
+            let api = leases(token, namespace);
+            let lease = lease(name, holder);
+            async move { code(api.create(&PostParams::default(), &lease).await) }
+        };
+    let (denied, message) = create("a", "kube-system", "kube-controller-manager", "node-a").await;
+    assert_eq!(denied, 403, "{message}");
+    assert!(
+        message.contains("no Lease but kube-system/crr-proxy-standalone"),
+        "{message}"
+    );
+    assert_eq!(
+        create("a", "default", "crr-proxy-standalone", "node-a")
+            .await
+            .0,
+        403
+    );
+    assert_eq!(
+        create("a", "kube-system", "crr-proxy-standalone", "node-b")
+            .await
+            .0,
+        403
+    );
+    let made = create("a", "kube-system", "crr-proxy-standalone", "node-a").await;
+    assert_eq!(made.0, 200, "{}", made.1);
+    let set_holder = |token: &'static str, holder: Value| {
+        let api = leases(token, "kube-system");
+        async move {
+            let patch = json!({"spec": {"holderIdentity": holder}});
+            code(
+                api.patch(
+                    "crr-proxy-standalone",
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await,
+            )
+        }
+    };
+    // node-b can neither hand it to node-a's name nor release node-a's.
+    assert_eq!(set_holder("b", json!("node-c")).await.0, 403);
+    assert_eq!(set_holder("b", Value::Null).await.0, 403);
+    // It can take it under its own name (no clock in CEL: see the policy).
+    assert_eq!(set_holder("b", json!("node-b")).await.0, 200);
+    // Its holder releases it.
+    assert_eq!(set_holder("b", Value::Null).await.0, 200);
+    // People and controllers are not matched.
+    assert_eq!(set_holder("manager", json!("anyone")).await.0, 200);
+}
