@@ -519,6 +519,9 @@ impl Agent {
         if self.neighbour.present().is_some() {
             return Ok(Next::Done);
         }
+        // Its time against the kill's tells the agent's own share of a
+        // CRR's latency from the watch's and the queue's.
+        debug!("pass begins");
         self.ctx.metrics.crr_reconciled();
         self.ctx.metrics.set_active_crrs(
             self.store
