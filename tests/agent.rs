@@ -1898,12 +1898,8 @@ async fn another_writers_states_are_decided_on_not_written_over(mode: Setup) {
 
 /// kruise-manager adds a condition of its own just before the agent writes
 /// its PreRecreateGrace condition: both are there in the end.
-async fn v1beta1_another_writers_condition_is_kept() {
-    let cluster = Cluster::new(Setup {
-        mode: Mode::Standalone,
-        versions: CrrVersions::Both(Conversion::None),
-    })
-    .await;
+async fn v1beta1_another_writers_condition_is_kept(mode: Setup) {
+    let cluster = Cluster::new(mode).await;
     cluster
         .kubelet
         .run_pod(PodSpec::new(
@@ -1999,7 +1995,7 @@ macro_rules! in_both_modes {
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn another_writers_condition_is_kept() {
-                super::v1beta1_another_writers_condition_is_kept().await
+                super::v1beta1_another_writers_condition_is_kept(SETUP).await
             }
 
 

@@ -602,6 +602,40 @@ impl Node {
         .await
     }
 
+    /// A PodDisruptionBudget `web` over the Pods labelled `app=web`, once
+    /// the disruption controller has judged it as `judged` says.
+    async fn web_budget(&self, max_unavailable: u32, judged: impl Fn(&Value) -> bool) {
+        self.api
+            .create(
+                Resource::PodDisruptionBudget,
+                "default",
+                json!({"metadata": {"name": "web"},
+                       "spec": {"maxUnavailable": max_unavailable,
+                                "selector": {"matchLabels": {"app": "web"}}}}),
+            )
+            .unwrap();
+        support::roles::wait_for(Duration::from_secs(5), || {
+            self.api
+                .get(Resource::PodDisruptionBudget, "default", "web")
+                .filter(|b| judged(b))
+        })
+        .await
+        .expect("the disruption controller judged the budget");
+    }
+
+    fn set_web_budget(&self, max_unavailable: u32) {
+        let patch = json!({"spec": {"maxUnavailable": max_unavailable}});
+        self.api
+            .patch(
+                Resource::PodDisruptionBudget,
+                "default",
+                "web",
+                &patch,
+                false,
+            )
+            .unwrap();
+    }
+
     fn restart_counts(&self, pods: &[String]) -> Vec<i64> {
         pods.iter().map(|p| restarts(&self.pod(p), "app")).collect()
     }
@@ -662,21 +696,8 @@ async fn a_workload_is_restarted_in_waves_of_at_most_max_unavailable() {
 async fn a_disruption_budget_holds_the_run_and_lowers_its_waves() {
     let node = Node::start().await;
     let web = node.deployment("web", 4, slow_ready).await;
-    node.api
-        .create(
-            Resource::PodDisruptionBudget,
-            "default",
-            json!({"metadata": {"name": "web"},
-                   "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "web"}}}}),
-        )
-        .unwrap();
-    support::roles::wait_for(Duration::from_secs(5), || {
-        node.api
-            .get(Resource::PodDisruptionBudget, "default", "web")
-            .filter(|b| b["status"]["currentHealthy"] == 4)
-    })
-    .await
-    .expect("the disruption controller judged the budget");
+    node.web_budget(0, |b| b["status"]["currentHealthy"] == 4)
+        .await;
     let sampler = Sampler::start(&node, &web.pods);
     let run = {
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_crr-proxy"));
@@ -697,15 +718,7 @@ async fn a_disruption_budget_holds_the_run_and_lowers_its_waves() {
         node.crrs("default").is_empty(),
         "nothing while the budget allows nothing"
     );
-    node.api
-        .patch(
-            Resource::PodDisruptionBudget,
-            "default",
-            "web",
-            &json!({"spec": {"maxUnavailable": 1}}),
-            false,
-        )
-        .unwrap();
+    node.set_web_budget(1);
     let output = run.await.unwrap();
     let most = sampler.most();
     let out = String::from_utf8_lossy(&output.stdout);
@@ -729,22 +742,8 @@ async fn a_disruption_budget_holds_the_run_and_lowers_its_waves() {
 async fn each_wave_reads_the_budgets_afresh() {
     let node = Node::start().await;
     let web = node.deployment("web", 2, slow_ready).await;
-    let budget = |max: u32| json!({"spec": {"maxUnavailable": max}});
-    node.api
-        .create(
-            Resource::PodDisruptionBudget,
-            "default",
-            json!({"metadata": {"name": "web"},
-                   "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "web"}}}}),
-        )
-        .unwrap();
-    support::roles::wait_for(Duration::from_secs(5), || {
-        node.api
-            .get(Resource::PodDisruptionBudget, "default", "web")
-            .filter(|b| b["status"]["disruptionsAllowed"] == 1)
-    })
-    .await
-    .expect("the disruption controller judged the budget");
+    node.web_budget(1, |b| b["status"]["disruptionsAllowed"] == 1)
+        .await;
     node.api.set_watches(support::apiserver::Watches {
         lag: [(Resource::PodDisruptionBudget, Duration::from_secs(10))].into(),
         ..Default::default()
@@ -768,15 +767,7 @@ async fn each_wave_reads_the_budgets_afresh() {
     })
     .await
     .expect("the first wave");
-    node.api
-        .patch(
-            Resource::PodDisruptionBudget,
-            "default",
-            "web",
-            &budget(0),
-            false,
-        )
-        .unwrap();
+    node.set_web_budget(0);
     // Long enough for the first Pod to be back and Ready, well within the lag.
     tokio::time::sleep(Duration::from_secs(6)).await;
     assert_eq!(
@@ -784,15 +775,7 @@ async fn each_wave_reads_the_budgets_afresh() {
         1,
         "a second wave while the budget allows nothing"
     );
-    node.api
-        .patch(
-            Resource::PodDisruptionBudget,
-            "default",
-            "web",
-            &budget(1),
-            false,
-        )
-        .unwrap();
+    node.set_web_budget(1);
     let output = run.await.unwrap();
     let out = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(0), "{output:?}");

@@ -655,6 +655,20 @@ mod tests {
         out
     }
 
+    /// The client's frames, then the runtime's, then the client's credit
+    /// of 100 000 bytes on stream 1 (enough for any held answer), through
+    /// the relay.
+    fn feed_then_credit(client: &[u8], upstream: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        let more = frame_bytes(frame::WINDOW_UPDATE, 0, 1, &100_000u32.to_be_bytes());
+        let input = [
+            record(false, client),
+            record(true, upstream),
+            record(false, &more),
+        ]
+        .concat();
+        feed(&input)
+    }
+
     /// A ContainerStatus answer (the wire_edit seed) as one gRPC message.
     fn container_status_message() -> Vec<u8> {
         let message = &std::fs::read(format!(
@@ -701,15 +715,7 @@ mod tests {
         upstream.extend(frame_bytes(frame::HEADERS, flags, 1, &OK_TRAILERS));
         // The client reads it all: stream credit only (the connection
         // window is large enough).
-        let more = frame_bytes(frame::WINDOW_UPDATE, 0, 1, &100_000u32.to_be_bytes());
-        let input = [
-            record(false, &client),
-            record(true, &upstream),
-            record(false, &more),
-        ]
-        .concat();
-
-        let (to_client, to_upstream) = feed(&input);
+        let (to_client, to_upstream) = feed_then_credit(&client, &upstream);
         let body: usize = frames(&to_client)
             .iter()
             .filter(|(h, _)| h.kind == frame::DATA)
@@ -745,8 +751,6 @@ mod tests {
         upstream.extend(frame_bytes(frame::DATA, 0, 3, &[0, 0, 0, 0, 2, 10, 0]));
         upstream.extend(frame_bytes(frame::HEADERS, flags, 3, &OK_TRAILERS));
         upstream.extend(frame_bytes(frame::PING, frame::ACK, 0, &[7; 8]));
-        let more = frame_bytes(frame::WINDOW_UPDATE, 0, 1, &100_000u32.to_be_bytes());
-
         let before = [record(false, &client), record(true, &upstream)].concat();
         let (held, _) = feed(&before);
         let held = frames(&held);
@@ -761,8 +765,7 @@ mod tests {
         assert_eq!(kinds(3), [frame::HEADERS, frame::DATA, frame::HEADERS]);
         assert!(held.iter().any(|(h, _)| h.kind == frame::PING));
 
-        let after = [before, record(false, &more)].concat();
-        let (to_client, _) = feed(&after);
+        let (to_client, _) = feed_then_credit(&client, &upstream);
         let stream1: Vec<_> = frames(&to_client)
             .into_iter()
             .filter(|(h, _)| h.stream == 1)
@@ -862,15 +865,7 @@ mod tests {
             5,
             &[0x80 | 64, 0x80 | 62],
         ));
-        let more = frame_bytes(frame::WINDOW_UPDATE, 0, 1, &100_000u32.to_be_bytes());
-        let input = [
-            record(false, &client),
-            record(true, &upstream),
-            record(false, &more),
-        ]
-        .concat();
-
-        let (to_client, to_upstream) = feed(&input);
+        let (to_client, to_upstream) = feed_then_credit(&client, &upstream);
         let sent = frames(to_upstream.strip_prefix(frame::PREFACE).unwrap());
         assert_eq!(
             sent[0].1, settings,
@@ -920,15 +915,7 @@ mod tests {
         upstream.extend(frame_bytes(frame::HEADERS, flags, 1, &[0x80 | 62]));
         upstream.extend(frame_bytes(frame::HEADERS, frame::END_HEADERS, 5, &[0x88]));
         upstream.extend(frame_bytes(frame::HEADERS, flags, 5, &[0x80 | 62]));
-        let more = frame_bytes(frame::WINDOW_UPDATE, 0, 1, &100_000u32.to_be_bytes());
-        let input = [
-            record(false, &client),
-            record(true, &upstream),
-            record(false, &more),
-        ]
-        .concat();
-
-        let (to_client, _) = feed(&input);
+        let (to_client, _) = feed_then_credit(&client, &upstream);
         let headers: Vec<(u32, Vec<u8>)> = frames(&to_client)
             .into_iter()
             .filter(|(h, _)| h.kind == frame::HEADERS)
