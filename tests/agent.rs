@@ -161,7 +161,7 @@ impl Cluster {
         if !strategy.is_null() {
             spec["strategy"] = strategy;
         }
-        support::apiserver::merge_patch(&mut spec, &extra);
+        support::patch::merge_patch(&mut spec, &extra);
         self.api
             .create(
                 Resource::Crr,
@@ -970,7 +970,7 @@ async fn standalone_v1beta1_invalid_crrs_are_refused_at_create_or_ended_once() {
     ];
     let spec = |extra: &Value| {
         let mut spec = json!({"podName": "victim", "containers": [{"name": "app"}]});
-        support::apiserver::merge_patch(&mut spec, extra);
+        support::patch::merge_patch(&mut spec, extra);
         spec
     };
     for version in [ApiVersion::V1alpha1, ApiVersion::V1beta1] {
@@ -2389,7 +2389,7 @@ async fn standalone_hostile_crrs_get_documented_outcomes() {
     ];
     for (name, pod, containers, strategy, extra, _) in &cases {
         let mut spec = json!({"podName": pod, "containers": containers, "strategy": strategy});
-        support::apiserver::merge_patch(&mut spec, extra);
+        support::patch::merge_patch(&mut spec, extra);
         cluster
             .api
             .create(

@@ -62,12 +62,14 @@ async fn create_get_list_with_selectors_and_status_subresource() {
         ..Default::default()
     });
     fresh.spec.pod_name = "ignored".into();
+    fresh.metadata.labels = Some([("ignored".to_owned(), "too".to_owned())].into());
     let updated = api
         .replace_status("a", &PostParams::default(), &fresh)
         .await
         .unwrap();
     assert_eq!(updated.status.unwrap().phase, Phase::Recreating);
     assert_eq!(updated.spec.pod_name, "web-0");
+    assert!(!updated.metadata.labels.unwrap().contains_key("ignored"));
     let patched = api
         .patch(
             "a",
@@ -268,7 +270,7 @@ async fn events_are_validated_on_create_and_on_their_series_patch() {
         "reason": "Killing", "type": "Normal", "note": "n"});
     let refused = |change: serde_json::Value| {
         let mut event = base.clone();
-        support::apiserver::merge_patch(&mut event, &change);
+        support::patch::merge_patch(&mut event, &change);
         server
             .create(Resource::Event, "default", event)
             .expect_err("refused")
@@ -555,4 +557,269 @@ async fn selectors_follow_the_real_servers_rules() {
     api.patch("a", &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .unwrap();
+}
+
+/// The names and resourceVersion of a raw CRR list with `query`, or the
+/// error's code.
+async fn list_crrs(server: &FakeApiServer, query: &str) -> Result<(u64, Vec<String>), u16> {
+    let uri = format!(
+        "/apis/apps.kruise.io/v1alpha1/namespaces/default/containerrecreaterequests?{query}"
+    );
+    let request = http::Request::get(uri).body(Vec::new()).unwrap();
+    let list: serde_json::Value = match server.client_without_retries().request(request).await {
+        Ok(list) => list,
+        Err(kube::Error::Api(status)) => return Err(status.code),
+        Err(other) => panic!("{query}: {other}"),
+    };
+    let rv = list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut names: Vec<String> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| item["metadata"]["name"].as_str().unwrap().to_owned())
+        .collect();
+    names.sort();
+    Ok((rv, names))
+}
+
+#[test]
+fn list_options_are_validated_as_the_real_server_validates_them() {
+    use support::reads::Read;
+    assert_eq!(Read::parse(None, None, false), Ok(Read::Latest));
+    assert_eq!(Read::parse(Some("0"), None, false), Ok(Read::Cached));
+    assert_eq!(
+        Read::parse(Some("0"), Some("NotOlderThan"), false),
+        Ok(Read::Cached)
+    );
+    assert_eq!(
+        Read::parse(Some("7"), None, false),
+        Ok(Read::NotOlderThan(7))
+    );
+    assert_eq!(
+        Read::parse(Some("7"), Some("Exact"), false),
+        Ok(Read::Exact(7))
+    );
+    assert_eq!(Read::parse(Some("0"), None, true), Ok(Read::Cached));
+    let code = |rv, matching, continued| Read::parse(rv, matching, continued).map_err(|e| e.code);
+    assert_eq!(code(None, Some("Exact"), false), Err(422));
+    assert_eq!(code(Some("7"), Some("Exact"), true), Err(422));
+    assert_eq!(code(Some("7"), Some("Newest"), false), Err(422));
+    assert_eq!(code(Some("0"), Some("Exact"), false), Err(422));
+    assert_eq!(code(Some("7"), None, true), Err(400));
+    assert_eq!(code(Some("x"), None, false), Err(400));
+}
+
+#[tokio::test]
+async fn lists_are_served_from_the_state_their_resource_version_names() {
+    let server = FakeApiServer::start().await;
+    let api: Api<ContainerRecreateRequest> = Api::namespaced(server.client(), "default");
+    let lag = Duration::from_millis(1500);
+    server.set_watches(support::apiserver::Watches {
+        lag: [(Resource::Crr, lag)].into(),
+        ..Default::default()
+    });
+    let rv_of = |c: ContainerRecreateRequest| -> u64 {
+        c.metadata.resource_version.unwrap().parse().unwrap()
+    };
+    api.create(&PostParams::default(), &crr("a", json!({})))
+        .await
+        .unwrap();
+    let b = rv_of(
+        api.create(&PostParams::default(), &crr("b", json!({})))
+            .await
+            .unwrap(),
+    );
+    tokio::time::sleep(lag + Duration::from_millis(100)).await;
+    let c = rv_of(
+        api.create(&PostParams::default(), &crr("c", json!({})))
+            .await
+            .unwrap(),
+    );
+
+    // A quorum read is current; `0` is the lagging cache's state.
+    assert_eq!(
+        list_crrs(&server, "").await,
+        Ok((c, vec!["a".into(), "b".into(), "c".into()]))
+    );
+    assert_eq!(
+        list_crrs(&server, "resourceVersion=0").await,
+        Ok((b, vec!["a".into(), "b".into()]))
+    );
+    assert_eq!(
+        list_crrs(
+            &server,
+            &format!("resourceVersion={b}&resourceVersionMatch=Exact")
+        )
+        .await,
+        Ok((b, vec!["a".into(), "b".into()]))
+    );
+    // Not older than c: the cache is waited for.
+    let asked = std::time::Instant::now();
+    let fresh = list_crrs(
+        &server,
+        &format!("resourceVersion={c}&resourceVersionMatch=NotOlderThan"),
+    )
+    .await;
+    assert_eq!(fresh, Ok((c, vec!["a".into(), "b".into(), "c".into()])));
+    assert!(
+        asked.elapsed() >= Duration::from_millis(1000),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert_eq!(
+        list_crrs(&server, "resourceVersionMatch=Exact").await,
+        Err(422)
+    );
+    assert_eq!(
+        list_crrs(&server, &format!("resourceVersion={}", c + 100)).await,
+        Err(504)
+    );
+
+    // Pages are one snapshot: a deletion between them is not seen.
+    server.set_watches(Default::default());
+    let first = server
+        .client()
+        .request::<serde_json::Value>(
+            http::Request::get("/apis/apps.kruise.io/v1alpha1/namespaces/default/containerrecreaterequests?limit=2")
+                .body(Vec::new())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let token = first["metadata"]["continue"].as_str().unwrap().to_owned();
+    api.delete("c", &Default::default()).await.unwrap();
+    let rest = list_crrs(&server, &format!("limit=2&continue={token}")).await;
+    assert_eq!(rest, Ok((c, vec!["c".into()])));
+    assert_eq!(
+        list_crrs(&server, &format!("continue={token}&resourceVersion={c}")).await,
+        Err(400)
+    );
+
+    // Once compacted, neither an exact version nor a continued list is served.
+    server.compact();
+    assert_eq!(
+        list_crrs(
+            &server,
+            &format!("resourceVersion={b}&resourceVersionMatch=Exact")
+        )
+        .await,
+        Err(410)
+    );
+    assert_eq!(
+        list_crrs(&server, &format!("limit=2&continue={token}")).await,
+        Err(410)
+    );
+}
+
+#[tokio::test]
+async fn a_watch_from_zero_starts_at_the_caches_state_and_bookmarks_come_when_asked() {
+    let server = FakeApiServer::start().await;
+    let api: Api<ContainerRecreateRequest> = Api::namespaced(server.client(), "default");
+    let lag = Duration::from_secs(2);
+    server.set_watches(support::apiserver::Watches {
+        lag: [(Resource::Crr, lag)].into(),
+        bookmarks: Some(Duration::from_millis(100)),
+        ..Default::default()
+    });
+    api.create(&PostParams::default(), &crr("a", json!({})))
+        .await
+        .unwrap();
+    tokio::time::sleep(lag).await;
+    api.create(&PostParams::default(), &crr("b", json!({})))
+        .await
+        .unwrap();
+    let seen = |params: kube::api::WatchParams| {
+        let api = api.clone();
+        async move {
+            let mut seen = Vec::new();
+            let mut events = api.watch(&params, "0").await.unwrap().boxed();
+            let until = tokio::time::sleep(Duration::from_millis(1000));
+            tokio::pin!(until);
+            loop {
+                tokio::select! {
+                    event = events.next() => match event {
+                        Some(Ok(kube::api::WatchEvent::Added(c))) => seen.push(c.metadata.name.unwrap()),
+                        Some(Ok(kube::api::WatchEvent::Bookmark(_))) => seen.push("BOOKMARK".into()),
+                        other => panic!("{other:?}"),
+                    },
+                    () = &mut until => return seen,
+                }
+            }
+        }
+    };
+    let quiet = || kube::api::WatchParams::default().disable_bookmarks();
+    // b is not in the cache yet.
+    assert_eq!(seen(quiet()).await, ["a"]);
+    server.set_watches(support::apiserver::Watches {
+        bookmarks: Some(Duration::from_millis(100)),
+        ..Default::default()
+    });
+    // Bookmarks come only to a watch that asks for them.
+    assert_eq!(seen(quiet()).await, ["a", "b"]);
+    let asked = seen(kube::api::WatchParams::default()).await;
+    assert_eq!(asked[..2], ["a", "b"]);
+    assert!(
+        asked[2..].iter().all(|e| e == "BOOKMARK") && asked.len() > 3,
+        "{asked:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_json_patch_applies_only_when_its_tests_hold() {
+    let server = FakeApiServer::start().await;
+    let api: Api<ContainerRecreateRequest> = Api::namespaced(server.client(), "default");
+    let created = api
+        .create(&PostParams::default(), &crr("a", json!({"node": "n1"})))
+        .await
+        .unwrap();
+    let rv = created.metadata.resource_version.unwrap();
+    let json_patch = |ops: serde_json::Value| {
+        let client = server.client_without_retries();
+        async move {
+            let request = http::Request::patch(
+                "/apis/apps.kruise.io/v1alpha1/namespaces/default/containerrecreaterequests/a",
+            )
+            .header("content-type", "application/json-patch+json")
+            .body(serde_json::to_vec(&ops).unwrap())
+            .unwrap();
+            client.request::<ContainerRecreateRequest>(request).await
+        }
+    };
+    let code = |result: Result<ContainerRecreateRequest, kube::Error>| match result {
+        Err(kube::Error::Api(status)) => status.code,
+        other => panic!("{other:?}"),
+    };
+    // A test that fails changes nothing.
+    let stale = json_patch(json!([
+        {"op": "test", "path": "/metadata/labels/node", "value": "n2"},
+        {"op": "replace", "path": "/metadata/labels/node", "value": "n3"},
+    ]));
+    assert_eq!(code(stale.await), 422);
+    assert_eq!(
+        code(json_patch(json!([{"op": "remove", "path": "/spec/nope"}])).await),
+        422
+    );
+    let held = json_patch(json!([
+        {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+        {"op": "replace", "path": "/metadata/labels/node", "value": "n3"},
+        {"op": "add", "path": "/spec/containers/-", "value": {"name": "sidecar"}},
+        {"op": "add", "path": "/status", "value": {"phase": "Completed"}},
+    ]))
+    .await
+    .unwrap();
+    let labels = held.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(labels.get("node").map(String::as_str), Some("n3"));
+    let names: Vec<&str> = held
+        .spec
+        .containers
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(names, ["app", "sidecar"]);
+    // The main resource keeps the status it had.
+    assert!(held.status.is_none());
 }

@@ -6,7 +6,8 @@
 //! stops/starts matching a label selector; and, as `set_watches` asks,
 //! BOOKMARKs, a `410` every few events, and a watch that lags behind its
 //! writes), label and field selectors, the
-//! status subresource, JSON merge patch, `409 Conflict` on a stale
+//! status subresource, JSON merge patch and JSON patch (`patch.rs`), list
+//! reads by resourceVersion (`reads.rs`), `409 Conflict` on a stale
 //! resourceVersion, finalizers, admission hooks (the webhook's place) and
 //! Events. Tests reach it over HTTP through kube, and in-process through
 //! the same operations.
@@ -26,7 +27,9 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, mpsc, watch};
 
+use super::patch::Patch;
 use super::policy::{self, Attributes, Policy, UserInfo};
+use super::reads::{self, Read};
 use super::versions::View;
 #[allow(unused_imports)] // each test binary uses a different part
 pub use super::versions::{Conversion, CrrVersions};
@@ -303,6 +306,61 @@ impl Store {
             .map(|(_, obj)| obj.clone())
             .collect()
     }
+
+    /// `list` as it was at `rv`, undoing the later changes; `None` once the
+    /// history no longer reaches back that far (etcd compacted it).
+    pub fn list_at(
+        &self,
+        resource: Resource,
+        namespace: Option<&str>,
+        selector: &Selector,
+        rv: u64,
+    ) -> Option<Vec<Value>> {
+        if rv >= self.rv {
+            return Some(self.list(resource, namespace, selector));
+        }
+        if rv + 1 < self.oldest {
+            return None;
+        }
+        let mut objects: BTreeMap<(String, String), Value> = self
+            .objects
+            .iter()
+            .filter(|((r, _, _), _)| *r == resource)
+            .map(|((_, ns, name), obj)| ((ns.clone(), name.clone()), obj.clone()))
+            .collect();
+        let later = self.history.iter().rev().take_while(|c| c.rv > rv);
+        for change in later.filter(|c| c.resource == resource) {
+            let meta = &change.new["metadata"];
+            let text = |field: &str| meta[field].as_str().unwrap_or("").to_owned();
+            let key = (scope(resource, &text("namespace")), text("name"));
+            match (&change.kind, &change.old) {
+                (ChangeKind::Added, _) => {
+                    objects.remove(&key);
+                }
+                (_, Some(old)) => {
+                    objects.insert(key, old.clone());
+                }
+                (_, None) => {}
+            }
+        }
+        Some(
+            objects
+                .into_iter()
+                .filter(|((ns, _), obj)| namespace.is_none_or(|n| n == ns) && selector.matches(obj))
+                .map(|(_, obj)| obj)
+                .collect(),
+        )
+    }
+
+    /// The resourceVersion the watch cache of `resource` has reached when
+    /// its watches lag `lag` behind the writes.
+    fn cached_rv(&self, resource: Resource, lag: Duration) -> u64 {
+        let now = tokio::time::Instant::now();
+        self.history
+            .iter()
+            .find(|c| c.resource == resource && c.at + lag > now)
+            .map_or(self.rv, |c| c.rv - 1)
+    }
 }
 
 /// Label and field selectors, as in `?labelSelector=` and `?fieldSelector=`,
@@ -557,26 +615,6 @@ fn parse_fields(resource: Resource, text: &str) -> Result<Vec<Requirement>, Stri
         .collect()
 }
 
-/// RFC 7386 JSON merge patch.
-pub fn merge_patch(target: &mut Value, patch: &Value) {
-    let Value::Object(patch) = patch else {
-        *target = patch.clone();
-        return;
-    };
-    if !target.is_object() {
-        *target = json!({});
-    }
-    if let Value::Object(target) = target {
-        for (key, value) in patch {
-            if value.is_null() {
-                target.remove(key);
-            } else {
-                merge_patch(target.entry(key.clone()).or_insert(Value::Null), value);
-            }
-        }
-    }
-}
-
 struct Inner {
     /// While set, the server is unreachable: connections are dropped.
     offline: std::sync::atomic::AtomicBool,
@@ -612,6 +650,8 @@ struct Inner {
     expired: Arc<std::sync::atomic::AtomicUsize>,
     /// Watch events (ADDED, MODIFIED, DELETED) delivered so far, by resource.
     delivered: Arc<Mutex<HashMap<Resource, u64>>>,
+    /// HTTP requests served so far, by method (a watch is a `WATCH`).
+    requests: Mutex<BTreeMap<String, u64>>,
     /// Which CRR versions are served, and how they convert.
     crr_versions: Mutex<CrrVersions>,
     /// CRDValidationRatcheting (beta 1.30, GA 1.33): an update may keep an
@@ -628,7 +668,8 @@ struct WatchRequest {
     resource: Resource,
     namespace: Option<String>,
     selector: Selector,
-    from: u64,
+    /// The `resourceVersion` it names, if any.
+    from: Option<u64>,
     timeout: Duration,
     /// `allowWatchBookmarks=true`.
     bookmarks: bool,
@@ -721,6 +762,7 @@ impl FakeApiServer {
             race: Mutex::new(None),
             partitioned: Mutex::new(Vec::new()),
             delivered: Arc::default(),
+            requests: Mutex::default(),
             watches: Mutex::new(Watches::default()),
             writes: Mutex::new(Vec::new()),
             expired: Arc::default(),
@@ -769,6 +811,14 @@ impl FakeApiServer {
     /// A kube client for this server.
     pub fn client(&self) -> kube::Client {
         kube::Client::try_from(self.config()).expect("kube client")
+    }
+
+    /// A kube client that does not retry 429, 503 and 504 (kube's default
+    /// client does), so that a test sees each answer as it came.
+    pub fn client_without_retries(&self) -> kube::Client {
+        let mut config = self.config();
+        config.default_retry = false;
+        kube::Client::try_from(config).expect("kube client")
     }
 
     /// A kube client that authenticates with a bearer token (see `add_user`).
@@ -936,6 +986,11 @@ impl FakeApiServer {
             .get(&resource)
             .copied()
             .unwrap_or_default()
+    }
+
+    /// The HTTP requests served so far, by method (`WATCH` for a watch).
+    pub fn requests(&self) -> BTreeMap<String, u64> {
+        lock(&self.inner.requests).clone()
     }
 
     /// How many watches ended with `410 Expired` so far.
@@ -1284,6 +1339,11 @@ impl FakeApiServer {
                 ));
             }
             let mut next = obj.clone();
+            // A custom resource's status subresource keeps all but status
+            // of the stored object, and its main resource keeps the stored
+            // status (staging/src/k8s.io/apiextensions-apiserver/pkg/registry/
+            // customresource/status_strategy.go and strategy.go,
+            // `PrepareForUpdate`); built-in kinds' strategies do the same.
             if status {
                 let mut updated = current.clone();
                 updated["status"] = next.get("status").cloned().unwrap_or(Value::Null);
@@ -1321,7 +1381,8 @@ impl FakeApiServer {
         patch: &Value,
         status: bool,
     ) -> Result<Value, ApiError> {
-        self.patch_as(View::Stored, resource, namespace, name, patch, status)
+        let patch = Patch::Merge(patch.clone());
+        self.patch_as(View::Stored, resource, namespace, name, &patch, status)
     }
 
     fn patch_as(
@@ -1330,29 +1391,34 @@ impl FakeApiServer {
         resource: Resource,
         namespace: &str,
         name: &str,
-        patch: &Value,
+        patch: &Patch,
         status: bool,
     ) -> Result<Value, ApiError> {
         self.modify(resource, namespace, name, status, |stored| {
             let current = &view.present(stored);
-            let requested = resource_version(patch);
-            let mut next = current.clone();
-            if status {
-                if let Some(status) = patch.get("status") {
-                    merge_patch(&mut next["status"], status);
-                }
+            let patched = patch.apply(current)?;
+            let requested = resource_version(&patched).to_owned();
+            // As a PUT of the patched object: the status subresource keeps
+            // everything but status, the main resource keeps status.
+            let mut next = if status {
+                let mut next = current.clone();
+                next["status"] = patched.get("status").cloned().unwrap_or(Value::Null);
+                next
             } else {
-                let mut patch = patch.clone();
+                let mut next = patched;
                 if resource.has_status() {
-                    if let Some(p) = patch.as_object_mut() {
-                        p.remove("status");
-                    }
+                    next["status"] = current.get("status").cloned().unwrap_or(Value::Null);
                 }
-                merge_patch(&mut next, &patch);
+                next
+            };
+            if next["status"].is_null() {
+                if let Some(obj) = next.as_object_mut() {
+                    obj.remove("status");
+                }
             }
             // Judged by the schema of the version it names.
             self.validate_crr(resource, view, &next, Some(current))?;
-            Ok((view.store(&next), requested.to_owned()))
+            Ok((view.store(&next), requested))
         })
     }
 
@@ -1592,6 +1658,16 @@ impl FakeApiServer {
                 }
             },
         };
+        let watching = req
+            .uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+        let method = if watching {
+            "WATCH".to_owned()
+        } else {
+            req.method().to_string()
+        };
+        *lock(&self.inner.requests).entry(method).or_default() += 1;
         match CALLER.scope(caller, self.route(req)).await {
             Ok(response) => response,
             Err(error) => {
@@ -1864,10 +1940,16 @@ impl FakeApiServer {
                 )
                 .map_err(|message| ApiError::new(400, "BadRequest", message))?;
                 if matches!(query.get("watch").map(String::as_str), Some("true" | "1")) {
-                    let from = query
-                        .get("resourceVersion")
-                        .and_then(|v| v.parse().ok())
-                        .unwrap_or(0);
+                    let from = match query.get("resourceVersion").map(String::as_str) {
+                        None | Some("") => None,
+                        Some(rv) => Some(rv.parse().map_err(|_| {
+                            ApiError::new(
+                                400,
+                                "BadRequest",
+                                format!("invalid resource version {rv:?}"),
+                            )
+                        })?),
+                    };
                     let timeout = query
                         .get("timeoutSeconds")
                         .and_then(|v| v.parse().ok())
@@ -1887,18 +1969,36 @@ impl FakeApiServer {
                 }
                 let pages = *lock(&self.inner.pages);
                 // `continue` is "<resourceVersion>/<offset>": later pages
-                // carry the first page's version, as a real list does.
+                // are read at the first page's version, as etcd reads them.
                 let from = query.get("continue").and_then(|token| {
                     let (rv, offset) = token.split_once('/')?;
                     Some((rv.parse::<u64>().ok()?, offset.parse::<usize>().ok()?))
                 });
+                let read = Read::parse(
+                    query.get("resourceVersion").map(String::as_str),
+                    query.get("resourceVersionMatch").map(String::as_str),
+                    query.contains_key("continue"),
+                )?;
                 if let (Some((_, delay)), Some(_)) = (pages, from) {
                     tokio::time::sleep(delay).await;
                 }
-                let store = self.store();
-                let mut items: Vec<Value> = store.list(resource, namespace.as_deref(), &selector);
-                let (rv, offset) = from.unwrap_or((store.rv, 0));
-                drop(store);
+                let (rv, offset, mut items) = match from {
+                    Some((rv, offset)) => {
+                        let items = self
+                            .store()
+                            .list_at(resource, namespace.as_deref(), &selector, rv)
+                            .ok_or_else(|| {
+                                reads::expired("the continue token's resourceVersion")
+                            })?;
+                        (rv, offset, items)
+                    }
+                    None => {
+                        let (rv, items) = self
+                            .read(resource, namespace.as_deref(), &selector, read)
+                            .await?;
+                        (rv, 0, items)
+                    }
+                };
                 let limit = query.get("limit").and_then(|l| l.parse::<usize>().ok());
                 let size = [limit, pages.map(|(size, _)| size)]
                     .into_iter()
@@ -1952,7 +2052,8 @@ impl FakeApiServer {
                 // whose supported patch types leave it out).
                 let merge = content_type.starts_with("application/merge-patch+json");
                 let strategic = content_type.starts_with("application/strategic-merge-patch+json");
-                let accepted = merge || (strategic && !resource.is_custom());
+                let json_patch = content_type.starts_with("application/json-patch+json");
+                let accepted = merge || json_patch || (strategic && !resource.is_custom());
                 if !accepted {
                     return Err(ApiError::new(
                         415,
@@ -1965,7 +2066,12 @@ impl FakeApiServer {
                 if let Some((other, on_status)) = raced.then(|| self.take_race(&body)).flatten() {
                     self.patch(resource, &ns, name, &other, on_status)?;
                 }
-                self.patch_as(view, resource, &ns, name, &body, status)
+                let patch = if json_patch {
+                    Patch::Json(body)
+                } else {
+                    Patch::Merge(body)
+                };
+                self.patch_as(view, resource, &ns, name, &patch, status)
                     .and_then(|obj| ok(200, obj))
             }
             (&Method::DELETE, Some(name)) => {
@@ -1977,6 +2083,45 @@ impl FakeApiServer {
                     .and_then(|obj| ok(200, obj))
             }
             _ => Err(ApiError::new(405, "MethodNotAllowed", "method not allowed")),
+        }
+    }
+
+    /// The state a list's `read` asks for: its resourceVersion and objects.
+    async fn read(
+        &self,
+        resource: Resource,
+        namespace: Option<&str>,
+        selector: &Selector,
+        read: Read,
+    ) -> Result<(u64, Vec<Value>), ApiError> {
+        let lag = lock(&self.inner.watches)
+            .lag
+            .get(&resource)
+            .copied()
+            .unwrap_or_default();
+        let waited = tokio::time::Instant::now() + reads::CACHE_WAIT;
+        loop {
+            let served = {
+                let store = self.store();
+                let cached = store.cached_rv(resource, lag);
+                match read {
+                    Read::Latest => Some(store.rv),
+                    Read::Cached => Some(cached),
+                    Read::NotOlderThan(n) if cached >= n => Some(cached),
+                    Read::NotOlderThan(n) if tokio::time::Instant::now() >= waited => {
+                        return Err(reads::too_large(n, cached));
+                    }
+                    Read::NotOlderThan(_) => None,
+                    Read::Exact(n) if n > store.rv => return Err(reads::too_large(n, store.rv)),
+                    Read::Exact(n) => Some(n),
+                }
+                .map(|rv| (rv, store.list_at(resource, namespace, selector, rv)))
+            };
+            match served {
+                Some((rv, Some(items))) => return Ok((rv, items)),
+                Some((rv, None)) => return Err(reads::expired(&format!("resourceVersion {rv}"))),
+                None => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
         }
     }
 
@@ -2103,33 +2248,40 @@ impl FakeApiServer {
         // Subscribe before reading the history, so that nothing falls between.
         let mut live = self.inner.changes.subscribe();
         let mut reset = self.inner.reset.subscribe();
-        let (backlog, gone) = {
+        let (backlog, gone, from) = {
             let store = self.store();
-            if from != 0 && from + 1 < store.oldest {
-                (Vec::new(), true)
-            } else if from == 0 {
-                // No resourceVersion: the current objects first, as ADDED.
-                let current = store.list(resource, namespace.as_deref(), &selector);
-                let rv = store.rv;
-                let added = current.into_iter().map(|obj| Change {
-                    rv,
-                    resource,
-                    kind: ChangeKind::Added,
-                    old: None,
-                    new: obj,
-                    at: tokio::time::Instant::now(),
-                });
-                (added.collect(), false)
-            } else {
-                (
-                    store
-                        .history
-                        .iter()
-                        .filter(|c| c.rv > from)
-                        .cloned()
-                        .collect(),
-                    false,
-                )
+            // The current objects first, as ADDED: the latest for a watch
+            // without a resourceVersion, the watch cache's (lagging) state
+            // for `0`; both are shown at once.
+            let start = match from {
+                Some(0) => Some(store.cached_rv(resource, lag)),
+                Some(_) => None,
+                None => Some(store.rv),
+            };
+            match (start, from) {
+                (Some(start), _) => {
+                    let current = store
+                        .list_at(resource, namespace.as_deref(), &selector, start)
+                        .unwrap_or_else(|| store.list(resource, namespace.as_deref(), &selector));
+                    let now = tokio::time::Instant::now();
+                    let shown = now.checked_sub(lag).unwrap_or(now);
+                    let added = current.into_iter().map(|obj| Change {
+                        rv: start,
+                        resource,
+                        kind: ChangeKind::Added,
+                        old: None,
+                        new: obj,
+                        at: shown,
+                    });
+                    let later = store.history.iter().filter(|c| c.rv > start).cloned();
+                    (added.chain(later).collect::<Vec<_>>(), false, start)
+                }
+                (None, Some(from)) if from + 1 < store.oldest => (Vec::new(), true, from),
+                (None, from) => {
+                    let from = from.unwrap_or_default();
+                    let later = store.history.iter().filter(|c| c.rv > from).cloned();
+                    (later.collect(), false, from)
+                }
             }
         };
         let filter = move |change: &Change| -> Option<(&'static str, Value)> {

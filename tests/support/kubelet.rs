@@ -338,7 +338,7 @@ impl Kubelet {
             if let Some(pre_stop) = &c.pre_stop {
                 container["lifecycle"] = json!({"preStop": pre_stop});
             }
-            super::apiserver::merge_patch(&mut container, &c.restart);
+            super::patch::merge_patch(&mut container, &c.restart);
             container
         };
         let (sidecars, containers): (Vec<&ContainerSpec>, Vec<&ContainerSpec>) =
