@@ -19,9 +19,15 @@
 //! bound of "CRR visible to StopContainer issued" that adds SIGTERM delivery.
 //! Then the agent's RSS with 1 000 CRRs in its cache.
 //!
+//! First, `crr-proxy restart deployment/web` over Pods that exist only in
+//! the fake API server and whose CRRs complete at once: the command's API
+//! requests per Pod, peak RSS and time per Pod, at 100 and 1 000 Pods.
+//!
 //! `CRR_BENCH_CALLS` sets the calls per target and method at concurrency 1
-//! (default 5000; 4× that at concurrency 64); `CRR_BENCH_CRRS` the CRRs
-//! timed (default 200; 0 skips the agent).
+//! (default 5000; 4× that at concurrency 64; 0 stops after the restart
+//! command); `CRR_BENCH_CRRS` the CRRs timed (default 200; 0 skips the
+//! agent); `CRR_BENCH_RESTART` the restart command's Pod counts (default
+//! `100,1000`; `0` skips it).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "../tests/support/mod.rs"]
@@ -55,11 +61,26 @@ fn main() -> anyhow::Result<()> {
     };
     let calls = env("CRR_BENCH_CALLS", 5000);
     let crrs = env("CRR_BENCH_CRRS", 200);
-    let ctrd = Containerd::start()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
+    let restart_pods = std::env::var("CRR_BENCH_RESTART").unwrap_or_else(|_| "100,1000".into());
+    let restart_pods: Vec<usize> = restart_pods
+        .split(',')
+        .filter_map(|n| n.trim().parse().ok())
+        .filter(|&n| n > 0)
+        .collect();
+    if !restart_pods.is_empty() {
+        println!("# restart deployment/web (Pods on paper, one at a time)");
+        for pods in restart_pods {
+            runtime.block_on(restart_at_scale(pods))?;
+        }
+    }
+    if calls == 0 {
+        return Ok(());
+    }
+    let ctrd = Containerd::start()?;
     let some_container = runtime.block_on(setup_pod(&ctrd))?;
 
     let proxy_socket = support::temp_socket("bench-proxy");
@@ -450,6 +471,68 @@ async fn agent(ctrd: &Containerd, crrs: usize) -> anyhow::Result<()> {
 }
 
 /// crr-proxy `--agent kruise` on `socket`; returns it and its metrics address.
+/// `crr-proxy restart deployment/web` over `pods` Pods that exist only in
+/// the fake API server, completed at once by `PaperNode`: the command's
+/// own cost (API requests per Pod, peak RSS, time per Pod) without any
+/// container's.
+async fn restart_at_scale(pods: usize) -> anyhow::Result<()> {
+    let api = FakeApiServer::start().await;
+    support::workloads::on_paper(&api, "web", pods);
+    let _node = support::workloads::PaperNode::start(&api);
+    let socket = support::temp_socket("bench-restart");
+    let kubeconfig = socket.with_file_name("kubeconfig");
+    support::write_kubeconfig(&kubeconfig, &api.url);
+    let out = std::fs::File::create(socket.with_file_name("restart.out"))?;
+    let before = api.requests();
+    let started = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_crr-proxy"))
+        .args(["restart", "deployment/web", "-c", "app", "-n", NAMESPACE])
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("CRR_PROXY_LOG")
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()?;
+    // VmHWM only grows: the last reading before the exit is the peak, to
+    // within one poll.
+    let mut peak = 0.0f64;
+    let status = loop {
+        peak = peak.max(status_mib(child.id(), "VmHWM:"));
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let took = started.elapsed();
+    if !status.success() {
+        let said =
+            std::fs::read_to_string(socket.with_file_name("restart.out")).unwrap_or_default();
+        anyhow::bail!("restart over {pods} Pods: {status}\n{said}");
+    }
+    let after = api.requests();
+    let count = |method: &str| {
+        after.get(method).copied().unwrap_or_default()
+            - before.get(method).copied().unwrap_or_default()
+    };
+    let total: u64 = ["GET", "POST", "PUT", "PATCH", "DELETE", "WATCH"]
+        .iter()
+        .map(|m| count(m))
+        .sum();
+    let crrs = api
+        .list(Resource::Crr, Some(NAMESPACE), &Default::default())
+        .len();
+    anyhow::ensure!(crrs == pods, "{crrs} CRRs for {pods} Pods");
+    println!(
+        "{pods:>5} Pods: {took:.1?} ({:.1} ms per Pod); API requests {total} ({:.2} per Pod: GET {}, POST {}, WATCH {}); peak RSS {peak:.1} MiB",
+        took.as_secs_f64() * 1000.0 / pods as f64,
+        total as f64 / pods as f64,
+        count("GET"),
+        count("POST"),
+        count("WATCH"),
+    );
+    support::remove_socket_dir(&socket);
+    Ok(())
+}
+
 fn spawn_agent(
     ctrd: &Containerd,
     socket: &Path,
@@ -520,10 +603,15 @@ fn free_port() -> u16 {
 }
 
 fn rss_mib(pid: u32) -> f64 {
+    status_mib(pid, "VmRSS:")
+}
+
+/// A memory figure of `/proc/<pid>/status` (`field` with its colon), in MiB.
+fn status_mib(pid: u32, field: &str) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let kib: f64 = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0.0);
     kib / 1024.0

@@ -35,35 +35,7 @@ pub async fn create(
     replicas: usize,
     pod: impl Fn(&str) -> PodSpec,
 ) -> Workload {
-    let selector = json!({"matchLabels": {"app": name}});
-    let (kind, api_version) = (resource.kind(), resource.api_version());
-    let object = api
-        .create(
-            resource,
-            NAMESPACE,
-            json!({"apiVersion": api_version, "metadata": {"name": name},
-                   "spec": {"replicas": replicas, "selector": selector,
-                            "template": {"metadata": {"labels": {"app": name}}}}}),
-        )
-        .expect("create the workload");
-    let uid = object["metadata"]["uid"].as_str().unwrap().to_owned();
-    let (owner, prefix) = if resource == Resource::Deployment {
-        let rs_name = format!("{name}-7d4b9c");
-        let rs = api
-            .create(
-                Resource::ReplicaSet,
-                NAMESPACE,
-                json!({"metadata": {"name": rs_name, "ownerReferences": owner(kind, api_version, name, &uid),
-                                    "labels": {"app": name, "pod-template-hash": "7d4b9c"}},
-                       "spec": {"replicas": replicas,
-                                "selector": {"matchLabels": {"app": name, "pod-template-hash": "7d4b9c"}}}}),
-            )
-            .expect("create the ReplicaSet");
-        let rs_uid = rs["metadata"]["uid"].as_str().unwrap().to_owned();
-        (owner("ReplicaSet", "apps/v1", &rs_name, &rs_uid), rs_name)
-    } else {
-        (owner(kind, api_version, name, &uid), name.to_owned())
-    };
+    let (uid, owner, prefix) = create_owners(api, resource, name, replicas);
     let mut pods = Vec::new();
     for i in 0..replicas {
         // StatefulSets name Pods by ordinal; the others by a random suffix.
@@ -82,6 +54,138 @@ pub async fn create(
         pods.push(pod_name);
     }
     Workload { uid, pods }
+}
+
+/// The workload object, a Deployment's ReplicaSet, and the Pods' owner
+/// references and name prefix.
+fn create_owners(
+    api: &FakeApiServer,
+    resource: Resource,
+    name: &str,
+    replicas: usize,
+) -> (String, Value, String) {
+    let selector = json!({"matchLabels": {"app": name}});
+    let (kind, api_version) = (resource.kind(), resource.api_version());
+    let object = api
+        .create(
+            resource,
+            NAMESPACE,
+            json!({"apiVersion": api_version, "metadata": {"name": name},
+                   "spec": {"replicas": replicas, "selector": selector,
+                            "template": {"metadata": {"labels": {"app": name}}}}}),
+        )
+        .expect("create the workload");
+    let uid = object["metadata"]["uid"].as_str().unwrap().to_owned();
+    if resource != Resource::Deployment {
+        return (
+            uid.clone(),
+            owner(kind, api_version, name, &uid),
+            name.to_owned(),
+        );
+    }
+    let rs_name = format!("{name}-7d4b9c");
+    let rs = api
+        .create(
+            Resource::ReplicaSet,
+            NAMESPACE,
+            json!({"metadata": {"name": rs_name, "ownerReferences": owner(kind, api_version, name, &uid),
+                                "labels": {"app": name, "pod-template-hash": "7d4b9c"}},
+                   "spec": {"replicas": replicas,
+                            "selector": {"matchLabels": {"app": name, "pod-template-hash": "7d4b9c"}}}}),
+        )
+        .expect("create the ReplicaSet");
+    let rs_uid = rs["metadata"]["uid"].as_str().unwrap().to_owned();
+    (
+        uid,
+        owner("ReplicaSet", "apps/v1", &rs_name, &rs_uid),
+        rs_name,
+    )
+}
+
+/// A Deployment of `replicas` one-container (`app`) Pods that exist only in
+/// the API server, Running and Ready on node `paper`: for measuring the
+/// restart command at a scale no real containerd here could run.
+pub fn on_paper(api: &FakeApiServer, name: &str, replicas: usize) -> Workload {
+    let (uid, owner, prefix) = create_owners(api, Resource::Deployment, name, replicas);
+    let pods = (0..replicas)
+        .map(|i| {
+            let pod_name = format!("{prefix}-{i:05}");
+            api.create(
+                Resource::Pod,
+                NAMESPACE,
+                json!({"metadata": {"name": pod_name, "labels": {"app": name}, "ownerReferences": owner},
+                       "spec": {"nodeName": "paper", "containers": [{"name": "app", "image": "app:1"}]}}),
+            )
+            .expect("create a Pod");
+            let status = paper_status(&pod_name, 0);
+            api.patch(Resource::Pod, NAMESPACE, &pod_name, &json!({"status": status}), true)
+                .expect("the Pod's status");
+            pod_name
+        })
+        .collect();
+    Workload { uid, pods }
+}
+
+fn paper_status(pod: &str, restarts: i64) -> Value {
+    json!({"phase": "Running",
+           "conditions": [{"type": "Ready", "status": "True"}],
+           "containerStatuses": [{"name": "app", "ready": true, "restartCount": restarts, "image": "app:1",
+                                  "imageID": "", "containerID": format!("containerd://{pod}-{restarts}"),
+                                  "state": {"running": {"startedAt": "2026-12-03T00:00:00Z"}}}]})
+}
+
+/// The node of `on_paper`'s Pods: each CRR it sees is at once completed,
+/// its container restarted (the restart count moves on) and Ready.
+pub struct PaperNode {
+    task: JoinHandle<()>,
+}
+
+impl Drop for PaperNode {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl PaperNode {
+    pub fn start(api: &FakeApiServer) -> Self {
+        let api = api.clone();
+        let mut changes = api.subscribe();
+        let task = tokio::spawn(async move {
+            loop {
+                let change = match changes.recv().await {
+                    Ok(change) => change,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(_) => return,
+                };
+                if change.resource != Resource::Crr
+                    || change.kind != super::apiserver::ChangeKind::Added
+                {
+                    continue;
+                }
+                let crr = &change.new;
+                let name = crr["metadata"]["name"].as_str().unwrap_or_default();
+                let pod = crr["spec"]["podName"].as_str().unwrap_or_default();
+                let Some(current) = api.get(Resource::Pod, NAMESPACE, pod) else {
+                    continue;
+                };
+                let restarts = current["status"]["containerStatuses"][0]["restartCount"]
+                    .as_i64()
+                    .unwrap_or_default();
+                let status = paper_status(pod, restarts + 1);
+                let _ = api.patch(
+                    Resource::Pod,
+                    NAMESPACE,
+                    pod,
+                    &json!({"status": status}),
+                    true,
+                );
+                let done = json!({"status": {"phase": "Completed", "completionTime": super::apiserver::now(),
+                                             "containerRecreateStates": [{"name": "app", "phase": "Succeeded", "isKilled": true}]}});
+                let _ = api.patch(Resource::Crr, NAMESPACE, name, &done, true);
+            }
+        });
+        Self { task }
+    }
 }
 
 /// kube-controller-manager's disruption controller, for every PDB: the
