@@ -24,8 +24,7 @@
 //! requests per Pod, peak RSS and time per Pod, at 100 and 1 000 Pods.
 //!
 //! `CRR_BENCH_CALLS` sets the calls per target and method at concurrency 1
-//! (default 5000; 4× that at concurrency 64; 0 stops after the restart
-//! command); `CRR_BENCH_CRRS` the CRRs timed (default 200; 0 skips the
+//! (default 5000; 4× that at concurrency 64; 0 skips the data path); `CRR_BENCH_CRRS` the CRRs timed (default 200; 0 skips the
 //! agent); `CRR_BENCH_RESTART` the restart command's Pod counts (default
 //! `100,1000`; `0` skips it).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -78,6 +77,12 @@ fn main() -> anyhow::Result<()> {
         }
     }
     if calls == 0 {
+        // The agent alone.
+        if crrs > 0 {
+            let ctrd = Containerd::start()?;
+            println!("# agent (kruise mode)");
+            runtime.block_on(agent(&ctrd, crrs))?;
+        }
         return Ok(());
     }
     let ctrd = Containerd::start()?;

@@ -11,7 +11,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
 use kube::{Resource, ResourceExt};
-use tracing::{Instrument, info, info_span, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::context::{Completion, Context, EXPECTATION_WAIT};
 use super::manager::Manager;
@@ -147,6 +147,8 @@ impl Daemon<'_> {
             .cloned()
             .unwrap_or_default();
         let containers = self.ctx.pod_containers(&pod_uid, runtime).await?;
+        // With `pass begins` and `read the Pod`, splits a pass's time.
+        debug!("read the runtime's containers");
         let sync = self.manager.container_statuses(crr);
         let previous = crr
             .status

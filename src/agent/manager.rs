@@ -112,7 +112,9 @@ impl Manager {
             Manager::Kruise => {
                 let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &key.namespace);
                 // Bounded: a slow API server delays the kill, never holds it.
-                match tokio::time::timeout(POD_READ_LIMIT, pods.get_opt(&key.pod)).await {
+                let read = tokio::time::timeout(POD_READ_LIMIT, pods.get_opt(&key.pod)).await;
+                debug!(pod = %key.pod, "read the Pod");
+                match read {
                     Ok(Ok(pod)) => pod.and_then(|p| p.spec),
                     Ok(Err(error)) => {
                         warn!(error = %Chain(&error), pod = %key.pod, "cannot read the Pod's restart policy; stopping its container regardless");
