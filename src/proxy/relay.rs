@@ -76,6 +76,16 @@ const LINGER: Duration = Duration::from_secs(5);
 /// drain's PING before it sends the final GOAWAY anyway.
 const DRAIN_PING_WAIT: Duration = Duration::from_secs(2);
 
+/// How long a connection that has opened no stream yet may, once shutdown
+/// begins, wait for its first before it is drained. Such a connection was
+/// accepted in shutdown's last moment and its client has a call to make:
+/// h2-based clients (hyper) fail a call they had not sent yet when a GOAWAY
+/// comes first, instead of retrying it elsewhere as grpc-go does.
+const FIRST_STREAM_WAIT: Duration = Duration::from_millis(500);
+
+/// How often a connection waiting for its first stream looks again.
+const FIRST_STREAM_POLL: Duration = Duration::from_millis(5);
+
 /// The payload of the drain's PING, which the relay answers itself.
 const DRAIN_PING: [u8; 8] = *b"crr-drn\0";
 
@@ -159,7 +169,10 @@ impl Relay {
         let mut draining = false;
         let linger = tokio::time::sleep(Duration::MAX);
         let ping_wait = tokio::time::sleep(Duration::MAX);
-        tokio::pin!(linger, ping_wait);
+        // Set while shutdown waits for the connection's first stream.
+        let mut first_stream_by = None;
+        let first_stream = tokio::time::sleep(Duration::MAX);
+        tokio::pin!(linger, ping_wait, first_stream);
         loop {
             tokio::select! {
                 step = poll_fn(|cx| self.poll(cx)) => match step {
@@ -171,9 +184,19 @@ impl Relay {
                 },
                 _ = shutdown.wait_for(|stop| *stop), if !draining => {
                     draining = true;
-                    self.state.drain();
-                    let deadline = tokio::time::Instant::now() + DRAIN_PING_WAIT;
-                    ping_wait.as_mut().reset(deadline);
+                    first_stream_by = Some(tokio::time::Instant::now() + FIRST_STREAM_WAIT);
+                    first_stream.as_mut().reset(tokio::time::Instant::now());
+                }
+                () = &mut first_stream, if first_stream_by.is_some() => {
+                    let now = tokio::time::Instant::now();
+                    let waited = first_stream_by.is_some_and(|by| now >= by);
+                    if self.state.goaways.last_client_stream > 0 || waited {
+                        first_stream_by = None;
+                        self.state.drain();
+                        ping_wait.as_mut().reset(now + DRAIN_PING_WAIT);
+                    } else {
+                        first_stream.as_mut().reset(now + FIRST_STREAM_POLL);
+                    }
                 }
                 () = &mut ping_wait, if self.state.drain == Drain::Pinged => {
                     debug!("the client did not acknowledge the drain's PING in time");
