@@ -162,6 +162,28 @@ async fn shutdown_lets_the_calls_in_flight_finish() {
     assert!(tokio::net::UnixStream::connect(&socket).await.is_err());
 }
 
+/// A connection accepted just before shutdown whose client has not sent its
+/// call yet still gets to make it: hyper's client fails an unsent call when
+/// a GOAWAY comes first, so the drain waits for the connection's first
+/// stream (bounded), and the connection then ends with that call.
+#[tokio::test]
+async fn a_connection_with_no_call_yet_makes_its_first_before_the_drain() {
+    let upstream = FakeUpstream::start();
+    let proxy = ProxyUnderTest::to(upstream.endpoint());
+    let mut sender = raw::connect(&proxy.socket).await.unwrap();
+    let stopping = tokio::spawn(proxy.stop());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let response = raw::send(&mut sender, raw::grpc_request(upstream::FIXED, &[], vec![]))
+        .await
+        .expect("the call is taken, not refused by a GOAWAY");
+    let recorded = raw::record(response).await.unwrap();
+    assert_eq!(recorded.data, upstream::fixed_body());
+    tokio::time::timeout(Duration::from_secs(5), stopping)
+        .await
+        .expect("the drain ends once the call has")
+        .unwrap();
+}
+
 #[tokio::test]
 async fn a_caller_that_cancels_cancels_the_upstream_call() {
     let upstream = FakeUpstream::start();
