@@ -24,8 +24,9 @@
 //! requests per Pod, peak RSS and time per Pod, at 100 and 1 000 Pods.
 //!
 //! `CRR_BENCH_CALLS` sets the calls per target and method at concurrency 1
-//! (default 5000; 4× that at concurrency 64; 0 skips the data path); `CRR_BENCH_CRRS` the CRRs timed (default 200; 0 skips the
-//! agent); `CRR_BENCH_RESTART` the restart command's Pod counts (default
+//! (default 5000; 4× that at concurrency 64; 0 skips the data path);
+//! `CRR_BENCH_CRRS` the CRRs timed (default 200; 0 skips the agent);
+//! `CRR_BENCH_RESTART` the restart command's Pod counts (default
 //! `100,1000`; `0` skips it).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -475,7 +476,6 @@ async fn agent(ctrd: &Containerd, crrs: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// crr-proxy `--agent kruise` on `socket`; returns it and its metrics address.
 /// `crr-proxy restart deployment/web` over `pods` Pods that exist only in
 /// the fake API server, completed at once by `PaperNode`: the command's
 /// own cost (API requests per Pod, peak RSS, time per Pod) without any
@@ -518,10 +518,7 @@ async fn restart_at_scale(pods: usize) -> anyhow::Result<()> {
         after.get(method).copied().unwrap_or_default()
             - before.get(method).copied().unwrap_or_default()
     };
-    let total: u64 = ["GET", "POST", "PUT", "PATCH", "DELETE", "WATCH"]
-        .iter()
-        .map(|m| count(m))
-        .sum();
+    let total = after.values().sum::<u64>() - before.values().sum::<u64>();
     let crrs = api
         .list(Resource::Crr, Some(NAMESPACE), &Default::default())
         .len();
@@ -538,6 +535,7 @@ async fn restart_at_scale(pods: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// crr-proxy `--agent kruise` on `socket`; returns it and its metrics address.
 fn spawn_agent(
     ctrd: &Containerd,
     socket: &Path,

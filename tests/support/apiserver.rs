@@ -1658,16 +1658,6 @@ impl FakeApiServer {
                 }
             },
         };
-        let watching = req
-            .uri()
-            .query()
-            .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
-        let method = if watching {
-            "WATCH".to_owned()
-        } else {
-            req.method().to_string()
-        };
-        *lock(&self.inner.requests).entry(method).or_default() += 1;
         match CALLER.scope(caller, self.route(req)).await {
             Ok(response) => response,
             Err(error) => {
@@ -1719,6 +1709,12 @@ impl FakeApiServer {
                     .collect()
             })
             .unwrap_or_default();
+        let method = if is_watch(&query) {
+            "WATCH".to_owned()
+        } else {
+            parts.method.to_string()
+        };
+        *lock(&self.inner.requests).entry(method).or_default() += 1;
         if path == ["version"] {
             let info = json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0", "gitCommit": "fake",
                 "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.24",
@@ -1939,16 +1935,10 @@ impl FakeApiServer {
                     query.get("fieldSelector").map(String::as_str),
                 )
                 .map_err(|message| ApiError::new(400, "BadRequest", message))?;
-                if matches!(query.get("watch").map(String::as_str), Some("true" | "1")) {
+                if is_watch(&query) {
                     let from = match query.get("resourceVersion").map(String::as_str) {
                         None | Some("") => None,
-                        Some(rv) => Some(rv.parse().map_err(|_| {
-                            ApiError::new(
-                                400,
-                                "BadRequest",
-                                format!("invalid resource version {rv:?}"),
-                            )
-                        })?),
+                        Some(rv) => Some(reads::resource_version(rv)?),
                     };
                     let timeout = query
                         .get("timeoutSeconds")
@@ -2385,6 +2375,11 @@ fn respond(code: u16, body: &Value) -> Response<BoxBody<Bytes, Infallible>> {
         .header("content-type", "application/json")
         .body(BodyExt::boxed(Full::new(Bytes::from(body.to_string()))))
         .unwrap_or_default()
+}
+
+/// `?watch=true` (or `1`).
+fn is_watch(query: &BTreeMap<String, String>) -> bool {
+    matches!(query.get("watch").map(String::as_str), Some("true" | "1"))
 }
 
 /// The resourceVersion a write names as its precondition ("" for none).

@@ -90,19 +90,23 @@ impl Read {
         if rv.is_empty() {
             return Ok(Self::Latest);
         }
-        let n: u64 = rv.parse().map_err(|_| {
-            ApiError::new(
-                400,
-                "BadRequest",
-                format!("invalid resource version {rv:?}"),
-            )
-        })?;
-        Ok(match (n, matching) {
+        Ok(match (self::resource_version(rv)?, matching) {
             (0, _) => Self::Cached,
             (n, "Exact") => Self::Exact(n),
             (n, _) => Self::NotOlderThan(n),
         })
     }
+}
+
+/// A request's `resourceVersion`, which this server keeps as a number.
+pub fn resource_version(rv: &str) -> Result<u64, ApiError> {
+    rv.parse().map_err(|_| {
+        ApiError::new(
+            400,
+            "BadRequest",
+            format!("invalid resource version {rv:?}"),
+        )
+    })
 }
 
 /// The watch cache has not reached `wanted` in time.
