@@ -302,12 +302,13 @@ async fn containerd_down_is_unavailable_then_the_same_proxy_recovers() {
     ctrd.pause().unwrap();
     let started = Instant::now();
     // The relayed connection ends with containerd's; a call queued on it
-    // then was never sent (as grpc-go, retried once on a new connection).
-    let status = match cri.version(VersionRequest::default()).await {
-        Err(status) if support::refused(&status) => cri.version(VersionRequest::default()).await,
-        answer => answer,
-    }
-    .unwrap_err();
+    // then was never sent (as grpc-go, retried on a new connection).
+    let (answer, _) = support::unprocessed_retried(|| {
+        let mut cri = cri.clone();
+        async move { cri.version(VersionRequest::default()).await }
+    })
+    .await;
+    let status = answer.unwrap_err();
     assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
     assert!(
         status.message().contains(&ctrd.endpoint().to_string()),
@@ -323,10 +324,11 @@ async fn containerd_down_is_unavailable_then_the_same_proxy_recovers() {
     ctrd.resume().unwrap();
     // The connection made while containerd was away is handed over to a
     // relayed one; a call that meets the hand-over is refused, unprocessed.
-    let version = match cri.version(VersionRequest::default()).await {
-        Err(status) if support::refused(&status) => cri.version(VersionRequest::default()).await,
-        answer => answer,
-    };
+    let (version, _) = support::unprocessed_retried(|| {
+        let mut cri = cri.clone();
+        async move { cri.version(VersionRequest::default()).await }
+    })
+    .await;
     assert_eq!(version.unwrap().into_inner().runtime_name, "containerd");
 }
 
