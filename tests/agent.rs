@@ -594,6 +594,57 @@ async fn a_lagging_cache_does_not_complete_a_crr_twice(mode: Setup) {
     assert_eq!(completing.len(), 1, "{completing:#?}");
 }
 
+/// The CRR watch lags 3 s. The pass that moves a CRR to Recreating goes
+/// on from its write's answer: it publishes the states and kills in the
+/// same pass, instead of waiting a lag for each of its own writes to come
+/// back (which put the kill two lags after the Recreating write).
+async fn a_pass_goes_on_from_its_own_writes(mode: Setup) {
+    let lag = Duration::from_secs(3);
+    let mut cluster = Cluster::without_agent(mode).await;
+    cluster.api.set_watches(Watches {
+        lag: [(Resource::Crr, lag)].into(),
+        ..Watches::default()
+    });
+    cluster.start_agent().await;
+    cluster.kubelet.run_pod(app_and_sidecar("onward")).await;
+    cluster.create("crr-onward", "onward", &["app"], Value::Null, json!({}));
+    let done = cluster
+        .completed("crr-onward", Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        states(&done),
+        json!([{"name": "app", "phase": "Succeeded", "isKilled": true}])
+    );
+    let writes: Vec<_> = cluster
+        .api
+        .writes()
+        .into_iter()
+        .filter(|w| {
+            w.path
+                .ends_with("/containerrecreaterequests/crr-onward/status")
+                && w.code == Some(200)
+        })
+        .collect();
+    let first = |what: &str, matches: &dyn Fn(&Value) -> bool| {
+        writes
+            .iter()
+            .find(|w| matches(&w.body["status"]))
+            .unwrap_or_else(|| panic!("no write of {what}: {writes:#?}"))
+            .at
+    };
+    let recreating = first("the phase", &|s| s["phase"] == "Recreating");
+    let killed = first("the kill", &|s| {
+        s["containerRecreateStates"]
+            .as_array()
+            .is_some_and(|states| states.iter().any(|c| c["isKilled"] == true))
+    });
+    let took = killed - recreating;
+    assert!(
+        took < lag,
+        "the kill came {took:?} after the Recreating write"
+    );
+}
+
 /// kubelet counts a recreation as a crash: a second CRR on the same
 /// container within its CrashLoopBackOff window is held by kubelet for the
 /// back-off (10 s here), with the Pod saying so, and then completes.
@@ -2188,6 +2239,7 @@ in_both_modes!(
     crrs_that_exist_before_the_agent_starts_are_taken_at_once,
     a_refused_event_write_is_retried,
     a_lagging_cache_does_not_complete_a_crr_twice,
+    a_pass_goes_on_from_its_own_writes,
     a_second_crr_within_kubelets_back_off_waits_for_it,
     restart_policies_decide_what_a_crr_does,
     native_sidecars_are_recreated_like_any_container,

@@ -332,7 +332,10 @@ async fn runtime_down_is_unavailable_at_once_and_service_resumes() {
         }
         assert_eq!(status.code(), tonic::Code::Unimplemented, "{status:?}");
     }
-    assert!(refusals <= support::HAND_OVER_LOSSES, "{refusals} calls refused");
+    assert!(
+        refusals <= support::HAND_OVER_LOSSES,
+        "{refusals} calls refused"
+    );
     assert_eq!(upstream.seen().len(), 7 - refusals);
 }
 

@@ -265,21 +265,25 @@ impl Context {
     /// kruise v1.9 writes it: a conflict means the cache is behind, and the
     /// back-off retries with a fresher copy. On v1beta1, as master's daemon
     /// writes it: from a fresh read, up to four tries on conflict.
+    ///
+    /// The CRR as written; `None` when it is gone or another writer
+    /// completed it.
     pub(crate) async fn set_phase(
         &self,
         crr: &ContainerRecreateRequest,
         phase: Phase,
-    ) -> Result<(), AgentError> {
+    ) -> Result<Option<ContainerRecreateRequest>, AgentError> {
         debug!(crr = %crr.name_any(), ?phase, "setting phase");
         let set = |next: &mut ContainerRecreateRequest| {
             next.status
                 .get_or_insert_with(ContainerRecreateRequestStatus::default)
                 .phase = phase.clone();
         };
-        if let Some(written) = self.write_status(crr, set).await? {
-            self.expect(&written);
+        let written = self.write_status(crr, set).await?;
+        if let Some(written) = &written {
+            self.expect(written);
         }
-        Ok(())
+        Ok(written)
     }
 
     pub(crate) async fn complete(
@@ -350,12 +354,15 @@ impl Context {
     /// resourceVersion (see `crr::lists`); after a conflict, `decide` runs
     /// again on a fresh read, so that nothing another writer put there is
     /// written over unseen.
+    ///
+    /// The CRR as the list now stands in it: as written, or as last read
+    /// when there was nothing (left) to write; `None` when it is gone.
     pub(crate) async fn write_list<T: serde::Serialize>(
         &self,
         crr: &ContainerRecreateRequest,
         list: &StatusList<T>,
         decide: impl Fn(&[T]) -> Option<Vec<T>>,
-    ) -> Result<(), AgentError> {
+    ) -> Result<Option<ContainerRecreateRequest>, AgentError> {
         let empty = ContainerRecreateRequestStatus::default();
         let (namespace, name) = (crr.namespace().unwrap_or_default(), crr.name_any());
         let mut read = crr.clone();
@@ -364,7 +371,7 @@ impl Context {
             let Some(next) = decide((list.get)(read.status.as_ref().unwrap_or(&empty))) else {
                 debug!(crr = %name, list = list.field, "nothing (left) to write");
                 self.expect(&read);
-                return Ok(());
+                return Ok(Some(read));
             };
             let patch = json!({
                 "metadata": {"resourceVersion": read.resource_version()},
@@ -373,7 +380,7 @@ impl Context {
             match self.crrs.patch_status(&read, &patch).await {
                 Ok(written) => {
                     self.expect(&written);
-                    return Ok(());
+                    return Ok(Some(written));
                 }
                 Err(kube::Error::Api(status)) if status.code == 409 && tries < 3 => {
                     tries += 1;
@@ -386,7 +393,7 @@ impl Context {
             // touches no phase.
             match self.crrs.get(&namespace, &name).await? {
                 Some(fresh) => read = fresh,
-                None => return Ok(()),
+                None => return Ok(None),
             }
         }
     }

@@ -3,6 +3,7 @@
 //! the per-container states, kill one container per pass, complete. The
 //! decisions are `crr::state`'s; this is their I/O.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -20,7 +21,7 @@ use super::restarts;
 use super::{AgentError, PodKey, is_finished, phase};
 use crate::crr::lists;
 use crate::crr::state::{self, Candidate, NotKilled, PassEnd};
-use crate::crr::{ContainerRecreateRequest, Phase, labels};
+use crate::crr::{ContainerRecreateRequest, ContainerRecreateState, Phase, labels};
 use crate::kill::{HookResult, KillError, KillRequest, OnStopping, StateAfter};
 use crate::restart_rules;
 use crate::telemetry::Chain;
@@ -100,11 +101,22 @@ impl Daemon<'_> {
     }
 
     /// The picked CRR: Recreating, the unready grace, then steps A to I.
+    ///
+    /// Each of the pass's own writes answers with the CRR as written, and
+    /// the pass goes on from that answer instead of waiting for the watch
+    /// to bring it back (a round trip per write, the most of a CRR's time
+    /// to its kill). The expectation each write leaves still holds back a
+    /// later pass that reads an older copy from a lagging cache.
     async fn work_on(&self, crr: &ContainerRecreateRequest) -> Result<Next, AgentError> {
-        if phase(crr) != Phase::Recreating {
-            self.ctx.set_phase(crr, Phase::Recreating).await?;
-            return Ok(Next::Done);
-        }
+        let crr = if phase(crr) == Phase::Recreating {
+            Cow::Borrowed(crr)
+        } else {
+            match self.ctx.set_phase(crr, Phase::Recreating).await? {
+                Some(written) => Cow::Owned(written),
+                None => return Ok(Next::Done),
+            }
+        };
+        let crr = crr.as_ref();
         if let Some(grace) = crr
             .spec
             .strategy
@@ -150,13 +162,10 @@ impl Daemon<'_> {
         // With `pass begins` and `read the Pod`, splits a pass's time.
         debug!("read the runtime's containers");
         let sync = self.manager.container_statuses(crr);
-        let previous = crr
-            .status
-            .as_ref()
-            .map(|s| s.container_recreate_states.clone())
-            .unwrap_or_default();
         let now = now_nanos();
-        let states = state::current_states(&crr.spec, &previous, &containers, &sync, now);
+        let mut crr = Cow::Borrowed(crr);
+        let mut previous = recreate_states(&crr);
+        let mut states = state::current_states(&crr.spec, &previous, &containers, &sync, now);
         if states != previous {
             // Publish the states before any kill; decided again from what
             // another writer made of them, should one have come between.
@@ -164,9 +173,19 @@ impl Daemon<'_> {
                 let states = state::current_states(&crr.spec, previous, &containers, &sync, now);
                 (states != previous).then_some(states)
             };
-            self.ctx.write_list(crr, &lists::STATES, decide).await?;
-            return Ok(Next::Done);
+            let Some(written) = self.ctx.write_list(&crr, &lists::STATES, decide).await? else {
+                return Ok(Next::Done);
+            };
+            crr = Cow::Owned(written);
+            previous = recreate_states(&crr);
+            states = state::current_states(&crr.spec, &previous, &containers, &sync, now);
+            if states != previous {
+                // Not what this pass decided: another writer's answer came
+                // between, and the next pass decides from it.
+                return Ok(Next::Done);
+            }
         }
+        let crr = crr.as_ref();
         let strategy = crr.spec.strategy.clone().unwrap_or_default();
         let end = state::kill_pass(&states, &strategy, &containers, |name| {
             self.kill(crr, containers.newest(&name).map(|c| c.id.clone()), name)
@@ -335,6 +354,13 @@ impl Daemon<'_> {
             Ok(())
         }
     }
+}
+
+fn recreate_states(crr: &ContainerRecreateRequest) -> Vec<ContainerRecreateState> {
+    crr.status
+        .as_ref()
+        .map(|s| s.container_recreate_states.clone())
+        .unwrap_or_default()
 }
 
 fn now_nanos() -> i64 {
