@@ -16,7 +16,10 @@
 //! The agent: crr-proxy `--agent kruise` against the tests' fake API server
 //! and kubelet role. The time from creating a CRR (no preStop) to its
 //! container's exit, as containerd records it (`finished_at`): an upper
-//! bound of "CRR visible to StopContainer issued" that adds SIGTERM delivery.
+//! bound of "CRR visible to StopContainer issued" that adds SIGTERM delivery,
+//! and to containerd logging StopContainer. Twice: back to back (the next CRR
+//! as soon as the last one's container has exited) and on a quiet node (once
+//! the last one has completed and its Pod is Ready again).
 //! Then the agent's RSS with 1 000 CRRs in its cache.
 //!
 //! First, `crr-proxy restart deployment/web` over Pods that exist only in
@@ -27,7 +30,8 @@
 //! (default 5000; 4× that at concurrency 64; 0 skips the data path);
 //! `CRR_BENCH_CRRS` the CRRs timed (default 200; 0 skips the agent);
 //! `CRR_BENCH_RESTART` the restart command's Pod counts (default
-//! `100,1000`; `0` skips it).
+//! `100,1000`; `0` skips it). `CRR_BENCH_EACH` prints a line per CRR (its
+//! creation, stop and exit times and its Pod's containers in the runtime).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "../tests/support/mod.rs"]
@@ -357,74 +361,14 @@ async fn agent(ctrd: &Containerd, crrs: usize) -> anyhow::Result<()> {
     }
     wait_ready(&metrics).await;
 
-    let mut latencies = Vec::new();
-    let mut direct = support::client(&ctrd.endpoint());
-    // One CRR at a time, round-robin over the Pods: the agent's reaction
-    // time, not a queue's. A Pod gets its next CRR once its last one has
-    // completed.
-    let mut last: Vec<Option<String>> = vec![None; PODS];
-    let mut to_stop = Vec::new();
-    for n in 0..crrs {
-        let i = n % PODS;
-        if let Some(previous) = last[i].take() {
-            let done = wait_for(Duration::from_secs(60), || {
-                api.get(Resource::Crr, NAMESPACE, &previous)
-                    .filter(|c| c["status"]["phase"] == "Completed")
-            })
-            .await
-            .ok_or_else(|| anyhow::anyhow!("CRR {previous} did not complete"))?;
-            let message = done["status"]["message"].as_str().unwrap_or_default();
-            anyhow::ensure!(message.is_empty(), "{previous}: {}", done["status"]);
-            kubelet.wait_ready(&format!("p{i}")).await;
-        }
-        let name = format!("crr-{n}");
-        let at = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as i64;
-        let crr = api
-            .create(
-                Resource::Crr,
-                NAMESPACE,
-                json!({"metadata": {"name": name},
-                    "spec": {"podName": format!("p{i}"), "containers": [{"name": "app"}]}}),
-            )
-            .map_err(|e| anyhow::anyhow!("create {name}: {e:?}"))?;
-        let old = crr["spec"]["containers"][0]["statusContext"]["containerID"]
-            .as_str()
-            .unwrap_or_default()
-            .trim_start_matches("containerd://")
-            .to_owned();
-        let mut finished_at = 0;
-        for _ in 0..20_000 {
-            let status = direct
-                .container_status(ContainerStatusRequest {
-                    container_id: old.clone(),
-                    verbose: false,
-                })
-                .await?
-                .into_inner()
-                .status
-                .ok_or_else(|| anyhow::anyhow!("no status"))?;
-            if status.finished_at != 0 {
-                finished_at = status.finished_at;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        anyhow::ensure!(finished_at != 0, "{name}: the container never exited");
-        latencies.push(Duration::from_nanos((finished_at - at).max(0) as u64));
-        let stopped = stop_received(&ctrd.log_path(), &old)
-            .ok_or_else(|| anyhow::anyhow!("{name}: no StopContainer in containerd's log"))?;
-        to_stop.push(Duration::from_nanos((stopped - at).max(0) as u64));
-        last[i] = Some(name);
+    let mut timed = 0;
+    for pace in [Pace::BackToBack, Pace::Quiet] {
+        timed += time_crrs(ctrd, &api, &kubelet, crrs, pace, timed).await?;
     }
-    report_agent(
-        "CRR created -> StopContainer received by containerd",
-        &mut to_stop,
-    );
-    report_agent("CRR created -> container exited", &mut latencies);
     println!(
         "crr-proxy with the agent: RSS {:.1} MiB after {} CRRs",
         rss_mib(agent.id()),
-        latencies.len()
+        timed
     );
     drop(agent);
     // From here on nobody completes or releases CRRs.
@@ -568,6 +512,149 @@ fn report_agent(what: &str, latencies: &mut [Duration]) {
         p(0.99).as_secs_f64() * 1e3,
         p(1.0).as_secs_f64() * 1e3,
     );
+}
+
+/// When the next CRR is created.
+#[derive(Clone, Copy, PartialEq)]
+enum Pace {
+    /// Once the last CRR's container has exited: its completion and the
+    /// container's restart (runc, on these 2 cores) overlap the next CRR.
+    BackToBack,
+    /// Once the last CRR has completed, its Pod is Ready again and 100 ms
+    /// have passed: the agent's reaction on a node doing nothing else.
+    Quiet,
+}
+
+/// Times `crrs` CRRs created one at a time, round-robin over the Pods, and
+/// reports them; their names start at `first`. Returns how many it timed.
+async fn time_crrs(
+    ctrd: &Containerd,
+    api: &FakeApiServer,
+    kubelet: &Kubelet,
+    crrs: usize,
+    pace: Pace,
+    first: usize,
+) -> anyhow::Result<usize> {
+    let mut latencies = Vec::new();
+    let mut direct = support::client(&ctrd.endpoint());
+    // A Pod gets its next CRR once its last one has completed.
+    let mut last: Vec<Option<String>> = vec![None; PODS];
+    let each = std::env::var_os("CRR_BENCH_EACH").is_some();
+    let mut to_stop = Vec::new();
+    for n in first..first + crrs {
+        let i = n % PODS;
+        if let Some(previous) = last[i].take() {
+            settled(api, kubelet, &previous, i).await?;
+        }
+        let name = format!("crr-{n}");
+        let at = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as i64;
+        let crr = api
+            .create(
+                Resource::Crr,
+                NAMESPACE,
+                json!({"metadata": {"name": name},
+                    "spec": {"podName": format!("p{i}"), "containers": [{"name": "app"}]}}),
+            )
+            .map_err(|e| anyhow::anyhow!("create {name}: {e:?}"))?;
+        let old = crr["spec"]["containers"][0]["statusContext"]["containerID"]
+            .as_str()
+            .unwrap_or_default()
+            .trim_start_matches("containerd://")
+            .to_owned();
+        let mut finished_at = 0;
+        for _ in 0..20_000 {
+            let status = direct
+                .container_status(ContainerStatusRequest {
+                    container_id: old.clone(),
+                    verbose: false,
+                })
+                .await?
+                .into_inner()
+                .status
+                .ok_or_else(|| anyhow::anyhow!("no status"))?;
+            if status.finished_at != 0 {
+                finished_at = status.finished_at;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        anyhow::ensure!(finished_at != 0, "{name}: the container never exited");
+        latencies.push(Duration::from_nanos((finished_at - at).max(0) as u64));
+        let stopped = stop_received(&ctrd.log_path(), &old)
+            .ok_or_else(|| anyhow::anyhow!("{name}: no StopContainer in containerd's log"))?;
+        to_stop.push(Duration::from_nanos((stopped - at).max(0) as u64));
+        if each {
+            // Creation time (ns since the epoch) beside the agent's log
+            // lines, to split a CRR's time into its steps.
+            println!(
+                "each {name} created {at} stopped {stopped} exited {finished_at} containers {}",
+                list_count(&mut direct, &crr).await?
+            );
+        }
+        if pace == Pace::Quiet {
+            settled(api, kubelet, &name, i).await?;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        last[i] = Some(name);
+    }
+    // Every CRR ends and every Pod is Ready before the next run begins.
+    for (i, previous) in last.iter().enumerate() {
+        if let Some(previous) = previous {
+            settled(api, kubelet, previous, i).await?;
+        }
+    }
+    let pace = match pace {
+        Pace::BackToBack => "back to back",
+        Pace::Quiet => "on a quiet node",
+    };
+    report_agent(
+        &format!("CRR created -> StopContainer received by containerd, {pace}"),
+        &mut to_stop,
+    );
+    report_agent(
+        &format!("CRR created -> container exited, {pace}"),
+        &mut latencies,
+    );
+    Ok(crrs)
+}
+
+/// Waits until CRR `name` has completed without a message and Pod `p<pod>`
+/// is Ready again.
+async fn settled(
+    api: &FakeApiServer,
+    kubelet: &Kubelet,
+    name: &str,
+    pod: usize,
+) -> anyhow::Result<()> {
+    let done = wait_for(Duration::from_secs(60), || {
+        api.get(Resource::Crr, NAMESPACE, name)
+            .filter(|c| c["status"]["phase"] == "Completed")
+    })
+    .await
+    .ok_or_else(|| anyhow::anyhow!("CRR {name} did not complete"))?;
+    let message = done["status"]["message"].as_str().unwrap_or_default();
+    anyhow::ensure!(message.is_empty(), "{name}: {}", done["status"]);
+    kubelet.wait_ready(&format!("p{pod}")).await;
+    Ok(())
+}
+
+/// How many containers (of every state) the runtime holds for `crr`'s Pod.
+async fn list_count(direct: &mut RuntimeClient, crr: &serde_json::Value) -> anyhow::Result<usize> {
+    let uid = crr["metadata"]["labels"]["crr.apps.kruise.io/pod-uid"]
+        .as_str()
+        .unwrap_or_default();
+    let request = ListContainersRequest {
+        filter: Some(crr_proxy::cri::v1::ContainerFilter {
+            label_selector: [("io.kubernetes.pod.uid".to_owned(), uid.to_owned())].into(),
+            ..Default::default()
+        }),
+    };
+    Ok(direct
+        .list_containers(request)
+        .await?
+        .into_inner()
+        .containers
+        .len())
 }
 
 /// When containerd logged receiving StopContainer for `id`, in ns since the epoch.

@@ -18,7 +18,8 @@ use tracing::{debug, info, warn};
 use super::{AgentError, KubeletSettings, is_finished};
 use crate::cri::RuntimeClient;
 use crate::cri::v1::{
-    ContainerFilter, ContainerState, ContainerStatusRequest, ListContainersRequest, VersionRequest,
+    Container, ContainerFilter, ContainerState, ContainerStatusRequest, ListContainersRequest,
+    VersionRequest,
 };
 use crate::crr::client::{ApiVersion, CrrClient};
 use crate::crr::lists::StatusList;
@@ -165,8 +166,8 @@ impl Context {
         Ok(name.as_str())
     }
 
-    /// The Pod's containers on this node (all states), as kubelet's
-    /// GetPodStatus reads them.
+    /// The newest container of each name of the Pod on this node (any
+    /// state), read as kubelet's GetPodStatus reads them.
     pub(crate) async fn pod_containers(
         &self,
         pod_uid: &str,
@@ -186,36 +187,53 @@ impl Context {
             .await?
             .into_inner()
             .containers;
-        let mut containers = Vec::with_capacity(listed.len());
-        for container in listed {
+        // Only the newest container of each name is ever decided on; the
+        // dead ones kubelet has not yet collected (one a minute, and none
+        // while it backs off) need no status read. The reads go together.
+        let mut newest: HashMap<&str, &Container> = HashMap::new();
+        for container in &listed {
+            let name = container
+                .labels
+                .get(kill::keys::CONTAINER_NAME)
+                .map_or("", String::as_str);
+            let entry = newest.entry(name).or_insert(container);
+            if container.created_at > entry.created_at {
+                *entry = container;
+            }
+        }
+        let reads = newest.into_values().map(|container| {
+            let mut cri = cri.clone();
             let request = ContainerStatusRequest {
                 container_id: container.id.clone(),
                 verbose: false,
             };
-            let status = bounded("ContainerStatus", cri.container_status(request))
-                .await?
-                .into_inner()
-                .status
-                .unwrap_or_default();
-            let state = status.state();
-            containers.push(RuntimeContainer {
-                id: format!("{runtime}://{}", status.id),
-                name: status
-                    .labels
-                    .get(kill::keys::CONTAINER_NAME)
-                    .cloned()
-                    .unwrap_or_default(),
-                restart_count: status
-                    .annotations
-                    .get(kill::keys::RESTART_COUNT)
-                    .and_then(|n| n.parse().ok())
-                    .unwrap_or(0),
-                state,
-                created_at: status.created_at,
-                started_at: (state != ContainerState::ContainerCreated)
-                    .then_some(status.started_at),
-            });
-        }
+            async move {
+                let status = bounded("ContainerStatus", cri.container_status(request))
+                    .await?
+                    .into_inner()
+                    .status
+                    .unwrap_or_default();
+                let state = status.state();
+                Ok::<_, AgentError>(RuntimeContainer {
+                    id: format!("{runtime}://{}", status.id),
+                    name: status
+                        .labels
+                        .get(kill::keys::CONTAINER_NAME)
+                        .cloned()
+                        .unwrap_or_default(),
+                    restart_count: status
+                        .annotations
+                        .get(kill::keys::RESTART_COUNT)
+                        .and_then(|n| n.parse().ok())
+                        .unwrap_or(0),
+                    state,
+                    created_at: status.created_at,
+                    started_at: (state != ContainerState::ContainerCreated)
+                        .then_some(status.started_at),
+                })
+            }
+        });
+        let containers = futures_util::future::try_join_all(reads).await?;
         Ok(PodContainers::new(containers))
     }
 

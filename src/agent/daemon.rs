@@ -308,9 +308,14 @@ impl Daemon<'_> {
                     })
                 })),
             };
-            ctx.event(&reference, EventType::Normal, "Killing", message)
-                .await;
-            let outcome = ctx.killer.kill(&id, request).await.map_err(|error| {
+            // The Event is written while the container stops, as kubelet's
+            // recorder writes its own beside the kill: the stop never waits
+            // on the API server. Both are done before the kill's state is.
+            let (outcome, ()) = tokio::join!(
+                ctx.killer.kill(&id, request),
+                ctx.event(&reference, EventType::Normal, "Killing", message)
+            );
+            let outcome = outcome.map_err(|error| {
                 NotKilled::Failed(KillFailure::Kill {
                     id: id.clone(),
                     name: name.clone(),
