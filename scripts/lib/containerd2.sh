@@ -11,7 +11,37 @@
 
 # Where unpacked containerd versions are kept, one folder per Debian version.
 CRR_TEST_CACHE="${CRR_TEST_CACHE:-/var/cache/crr-proxy-test}"
-CRR_TEST_DEBIAN_MIRROR="${CRR_TEST_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+
+# The Debian archive this machine's apt already uses: the URI of the first
+# source (deb822 `.sources` or one-line `.list`) that serves its release's
+# main suite. A machine set up for a mirror fetches sid from that mirror;
+# CRR_TEST_DEBIAN_MIRROR overrides it. $1: apt's folder (/etc/apt), $2: the
+# release's codename (this machine's).
+_debian_mirror() {
+  local apt="${1:-/etc/apt}" codename="${2:-}" files=()
+  [[ -n $codename ]] || codename="$(. /etc/os-release && echo "${VERSION_CODENAME:-}")"
+  [[ -f $apt/sources.list ]] && files+=("$apt/sources.list")
+  shopt -s nullglob
+  files+=("$apt"/sources.list.d/*.list "$apt"/sources.list.d/*.sources)
+  shopt -u nullglob
+  ((${#files[@]})) || return 1
+  awk -v want="$codename" '
+    function pick(uri) { sub(/\/+$/, "", uri); print uri; found = 1; exit }
+    # One-line style: deb [options] URI suite components...
+    /^[[:space:]]*deb[[:space:]]/ {
+      n = 2
+      if ($2 ~ /^\[/) { while (n <= NF && $n !~ /\]$/) n++; n++ }
+      if ($(n + 1) == want) pick($n)
+      next
+    }
+    # deb822 style: stanzas separated by blank lines.
+    /^[[:space:]]*$/ { if (types ~ /(^| )deb( |$)/ && (" " suites " ") ~ (" " want " ") && uri != "") pick(uri); types = suites = uri = ""; next }
+    /^Types:/ { types = $0; sub(/^Types:[[:space:]]*/, "", types) }
+    /^URIs:/ { uri = $2 }
+    /^Suites:/ { suites = $0; sub(/^Suites:[[:space:]]*/, "", suites) }
+    END { if (!found && types ~ /(^| )deb( |$)/ && (" " suites " ") ~ (" " want " ") && uri != "") print uri }
+  ' "${files[@]}"
+}
 
 # True when $1/usr/bin holds a containerd 2.x with its shim and ctr.
 _containerd2_ok() {
@@ -35,7 +65,9 @@ _containerd2_download() (
   if getent passwd _apt >/dev/null; then chown _apt "$tmp/deb"; fi
   # target=Packages: only the package list, not the translations or DEP-11
   # metadata that the system's apt.conf.d may ask for.
-  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg target=Packages] $CRR_TEST_DEBIAN_MIRROR sid main" \
+  mirror="${CRR_TEST_DEBIAN_MIRROR:-$(_debian_mirror)}"
+  [[ -n $mirror ]] || { echo "containerd2: no Debian source in this machine's apt sources (set CRR_TEST_DEBIAN_MIRROR)" >&2; exit 1; }
+  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg target=Packages] $mirror sid main" \
     >"$tmp/sources.list"
   apt=(
     -qq
