@@ -4,7 +4,7 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Every file under `root`, with its mode and contents.
@@ -350,4 +350,104 @@ fn installs_the_node_identity_and_names_it_in_the_settings() {
     };
     assert_eq!(files(snapshot(&root)), files(before));
     support::remove_socket_dir(&scratch);
+}
+
+/// A scratch root holding kubelet configuration files at `files`.
+fn node_with(name: &str, files: &[(&str, &str)]) -> (PathBuf, PathBuf) {
+    let socket = support::temp_socket(name);
+    let root = socket.parent().unwrap().join("root");
+    for (path, text) in files {
+        let path = root.join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+    (socket, root)
+}
+
+const KUBELET: &str = "var/lib/kubelet/config.yaml";
+const SWITCHED: &str = "containerRuntimeEndpoint: unix:///run/crr-proxy/crr-proxy.sock\n\
+                        imageServiceEndpoint: unix:///run/crr-proxy/crr-proxy.sock\n";
+
+#[test]
+fn a_plain_uninstall_restores_the_file_the_install_edited() {
+    let other = "kind: KubeletConfiguration\ncontainerRuntimeEndpoint: unix:///run/containerd/containerd.sock\n";
+    let default = "kind: KubeletConfiguration\nmaxPods: 50\n";
+    let (socket, root) = node_with(
+        "install-other",
+        &[("etc/kubernetes/kubelet.yaml", other), (KUBELET, default)],
+    );
+    install(&root, &["--kubelet-config", "/etc/kubernetes/kubelet.yaml"]);
+    let edited = std::fs::read_to_string(root.join("etc/kubernetes/kubelet.yaml")).unwrap();
+    assert!(
+        edited.contains(SWITCHED.lines().next().unwrap()),
+        "{edited}"
+    );
+    // Another file while this one is switched is refused, not half-done.
+    let out = Command::new("bash")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/install.sh"))
+        .args(["--binary", env!("CARGO_BIN_EXE_crr-proxy")])
+        .env("DESTDIR", &root)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "a second kubelet file was switched");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("run --uninstall first"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    install(&root, &["--uninstall"]);
+    assert_eq!(
+        std::fs::read_to_string(root.join("etc/kubernetes/kubelet.yaml")).unwrap(),
+        other
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join(KUBELET)).unwrap(),
+        default,
+        "the default file was written over"
+    );
+    assert!(!root.join("etc/crr-proxy").exists(), "settings left behind");
+    support::remove_socket_dir(&socket);
+}
+
+#[test]
+fn a_config_without_its_final_newline_is_switched_and_restored_exactly() {
+    let original = "kind: KubeletConfiguration\ncgroupDriver: systemd";
+    let (socket, root) = node_with("install-newline", &[(KUBELET, original)]);
+    install(&root, &[]);
+    let switched = std::fs::read_to_string(root.join(KUBELET)).unwrap();
+    assert_eq!(switched, format!("{original}\n{SWITCHED}"));
+    install(&root, &["--uninstall"]);
+    assert_eq!(
+        std::fs::read_to_string(root.join(KUBELET)).unwrap(),
+        original
+    );
+    support::remove_socket_dir(&socket);
+}
+
+#[test]
+fn uninstall_restores_the_endpoints_in_the_configuration_as_it_is_now() {
+    let original = "kind: KubeletConfiguration\n\
+                    containerRuntimeEndpoint: unix:///run/containerd/containerd.sock\n";
+    let (socket, root) = node_with("install-current", &[(KUBELET, original)]);
+    let first = install(&root, &[]);
+    assert!(first.contains("pointed kubelet"), "{first}");
+    let again = install(&root, &[]);
+    assert!(
+        again.contains("kubelet is not restarted") && !again.contains("pointed kubelet"),
+        "a run that changed nothing would restart kubelet: {again}"
+    );
+    // Changed after the install, as `kubeadm upgrade node` rewrites it.
+    let file = root.join(KUBELET);
+    let mut now = std::fs::read_to_string(&file).unwrap();
+    now.push_str("maxPods: 50\n");
+    std::fs::write(&file, &now).unwrap();
+
+    install(&root, &["--uninstall"]);
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        format!("{original}maxPods: 50\n"),
+        "the later change is lost, or crr-proxy's endpoints stay"
+    );
+    support::remove_socket_dir(&socket);
 }
