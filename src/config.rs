@@ -218,7 +218,16 @@ impl RestartArgs {
 pub struct CheckArgs {
     #[command(flatten)]
     pub run: RunArgs,
+
+    /// The service's environment file (its unit's EnvironmentFile): its
+    /// CRR_PROXY_* lines are checked as the service runs with them. This
+    /// shell's variables and the flags win over it; it wins over --config.
+    #[arg(long, default_value = DEFAULT_ENV_FILE)]
+    pub env_file: PathBuf,
 }
+
+/// The environment file `crr-proxy.service` reads and `install.sh` writes.
+pub const DEFAULT_ENV_FILE: &str = "/etc/crr-proxy/crr-proxy.env";
 
 /// Where the settings file is looked for when `--config` is not given.
 pub const DEFAULT_CONFIG_FILE: &str = "/etc/crr-proxy/config.toml";
@@ -502,21 +511,23 @@ pub fn parse(argv: Vec<std::ffi::OsString>) -> Result<Cli, ParseError> {
     if !matches!(name, "run" | "check") {
         return Ok(<Cli as clap::FromArgMatches>::from_arg_matches(&matches)?);
     }
-    let explicit = sub.value_source("config") != Some(ValueSource::DefaultValue);
+    let mut argv = argv;
+    // Settings the environment file gave; the settings file's come after.
+    let mut given = std::collections::HashSet::new();
+    if name == "check" {
+        for (id, value) in environment_file(sub)? {
+            argv.push(format!("--{}={value}", id.replace('_', "-")).into());
+            given.insert(id);
+        }
+    }
+    let Some(text) = optional_file(sub, "config")? else {
+        return Ok(Cli::try_parse_from(argv)?);
+    };
     let path: PathBuf = sub
         .get_one::<PathBuf>("config")
         .cloned()
         .unwrap_or_default();
-    let text = match std::fs::read_to_string(&path) {
-        Ok(text) => text,
-        // The default file is optional; one asked for by name is not.
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound && !explicit => {
-            return Ok(<Cli as clap::FromArgMatches>::from_arg_matches(&matches)?);
-        }
-        Err(error) => return Err(file_error(&path, error.to_string())),
-    };
     let table: toml::Table = toml::from_str(&text).map_err(|e| file_error(&path, e.to_string()))?;
-    let mut argv = argv;
     for (key, value) in table {
         let known = Cli::command().find_subcommand(name).is_some_and(|c| {
             c.get_arguments()
@@ -526,7 +537,7 @@ pub fn parse(argv: Vec<std::ffi::OsString>) -> Result<Cli, ParseError> {
             return Err(file_error(&path, format!("unknown setting {key:?}")));
         }
         let id = key.replace('-', "_");
-        if !from_default(sub, &id) {
+        if !from_default(sub, &id) || given.contains(&id) {
             continue;
         }
         let value = match value {
@@ -544,6 +555,59 @@ pub fn parse(argv: Vec<std::ffi::OsString>) -> Result<Cli, ParseError> {
         argv.push(format!("--{key}={value}").into());
     }
     Ok(Cli::try_parse_from(argv)?)
+}
+
+/// The text of the file that argument `id` names; `None` when it is the
+/// default file and there is none (a file asked for by name must exist).
+fn optional_file(matches: &ArgMatches, id: &str) -> Result<Option<String>, ParseError> {
+    let path: PathBuf = matches.get_one::<PathBuf>(id).cloned().unwrap_or_default();
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(Some(text)),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound && from_default(matches, id) => {
+            Ok(None)
+        }
+        Err(error) => Err(file_error(&path, error.to_string())),
+    }
+}
+
+/// The settings of `check`'s `--env-file` that neither a flag nor this
+/// process's environment gave, as (argument id, value). The file is read
+/// as systemd reads an EnvironmentFile: `NAME=value` lines, `#` and `;`
+/// comments, a value optionally in quotes. Names that are not crr-proxy's
+/// settings (`CRR_PROXY_LOG`, `RUST_LOG`) are left to the service.
+fn environment_file(sub: &ArgMatches) -> Result<Vec<(String, String)>, ParseError> {
+    let Some(text) = optional_file(sub, "env_file")? else {
+        return Ok(Vec::new());
+    };
+    let command = Cli::command();
+    let Some(check) = command.find_subcommand("check") else {
+        return Ok(Vec::new());
+    };
+    let mut settings = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+            continue;
+        }
+        let Some((name, value)) = line.split_once('=') else {
+            continue;
+        };
+        let value = value.trim();
+        let value = ['"', '\'']
+            .iter()
+            .find_map(|q| value.strip_prefix(*q).and_then(|v| v.strip_suffix(*q)))
+            .unwrap_or(value);
+        let Some(arg) = check
+            .get_arguments()
+            .find(|a| a.get_env().is_some_and(|env| env == name.trim()))
+        else {
+            continue;
+        };
+        let id = arg.get_id().as_str().to_owned();
+        if from_default(sub, &id) {
+            settings.push((id, value.to_owned()));
+        }
+    }
+    Ok(settings)
 }
 
 fn from_default(matches: &ArgMatches, id: &str) -> bool {
@@ -796,6 +860,79 @@ mod tests {
         assert_eq!(run.runtime_endpoint.to_string(), "unix:///file.sock");
         assert_eq!(run.agent, AgentMode::Kruise);
         let _ = std::fs::remove_file(file);
+    }
+
+    #[test]
+    fn check_takes_the_services_environment_file_below_flags_and_above_the_settings_file() {
+        let env = settings_file(
+            "env",
+            "# as install.sh writes it\nCRR_PROXY_AGENT=kruise\n; a comment\n\
+             CRR_PROXY_KUBECONFIG=\"/etc/crr-proxy/kubeconfig\"\nCRR_PROXY_NODE_NAME='node-a'\n\
+             CRR_PROXY_LOG_FORMAT=json\nCRR_PROXY_LISTEN=/tmp/env.sock\nnot a setting\n",
+        );
+        let toml = settings_file(
+            "env-toml",
+            "node-name = \"from-toml\"\nmetrics-addr = \"off\"\n",
+        );
+        let cli = super::parse(
+            [
+                "crr-proxy",
+                "check",
+                "--env-file",
+                env.to_str().unwrap(),
+                "--config",
+                toml.to_str().unwrap(),
+                "--listen",
+                "/tmp/flag.sock",
+            ]
+            .iter()
+            .map(Into::into)
+            .collect(),
+        )
+        .unwrap();
+        let Command::Check(check) = cli.command else {
+            panic!("not check: {:?}", cli.command);
+        };
+        let run = check.run;
+        assert_eq!(run.agent, AgentMode::Kruise);
+        assert_eq!(
+            run.kubeconfig,
+            Some(PathBuf::from("/etc/crr-proxy/kubeconfig"))
+        );
+        assert_eq!(
+            run.node_name.as_deref(),
+            Some("node-a"),
+            "the env file wins over --config"
+        );
+        assert_eq!(
+            run.listen,
+            PathBuf::from("/tmp/flag.sock"),
+            "a flag wins over the env file"
+        );
+        assert_eq!(
+            run.metrics_addr.0, None,
+            "the settings file still fills the rest"
+        );
+
+        // A file named that is not there is an error; `run` has no such flag.
+        let missing = super::parse(
+            [
+                "crr-proxy",
+                "check",
+                "--env-file",
+                "/nonexistent/crr-proxy.env",
+            ]
+            .iter()
+            .map(Into::into)
+            .collect(),
+        );
+        assert!(
+            matches!(&missing, Err(ParseError::Config(e)) if e.to_string().contains("/nonexistent/crr-proxy.env")),
+            "{missing:?}"
+        );
+        assert!(run_from(&["crr-proxy", "run", "--env-file", "/x"]).is_err());
+        let _ = std::fs::remove_file(env);
+        let _ = std::fs::remove_file(toml);
     }
 
     #[test]
