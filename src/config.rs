@@ -15,7 +15,7 @@ use crate::proxy::Routes;
 /// crr-proxy: a transparent CRI proxy for kubelet, and the node agent for
 /// OpenKruise's ContainerRecreateRequest.
 #[derive(Debug, Parser)]
-#[command(name = "crr-proxy", version, about, long_about = None)]
+#[command(name = "crr-proxy", version = crate::version::LONG, about, long_about = None)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

@@ -15,6 +15,7 @@
 //! - [`reason`]: why a container restarted, as kubelet is told.
 //! - [`records`]: small key-value records that outlive crr-proxy.
 //! - [`restart_rules`]: whether kubelet starts a stopped container again.
+//! - [`version`]: the version and commit this binary was built from.
 
 pub mod admin;
 pub mod agent;
@@ -33,6 +34,7 @@ pub mod records;
 pub mod restart;
 pub mod restart_rules;
 pub mod telemetry;
+pub mod version;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -331,6 +331,13 @@ impl Metrics {
             Some((service, method)) => format!("service=\"{service}\",method=\"{method}\""),
             None => "service=\"other\",method=\"other\"".to_owned(),
         };
+        out.push_str("# HELP crr_proxy_build_info The version and commit this crr-proxy was built from; always 1.\n");
+        out.push_str("# TYPE crr_proxy_build_info gauge\n");
+        out.push_str(&format!(
+            "crr_proxy_build_info{{version=\"{}\",commit=\"{}\"}} 1\n",
+            crate::version::VERSION,
+            crate::version::COMMIT
+        ));
         out.push_str("# HELP crr_proxy_cri_requests_total CRI calls through the proxy, by method and gRPC code.\n");
         out.push_str("# TYPE crr_proxy_cri_requests_total counter\n");
         for (i, m) in self.methods.iter().enumerate() {
@@ -473,6 +480,26 @@ fn scalar(out: &mut String, name: &str, kind: &str, help: &str, value: impl std:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_build_is_named_in_the_metrics() {
+        let text = Metrics::default().render();
+        let line = format!(
+            "crr_proxy_build_info{{version=\"{}\",commit=\"{}\"}} 1\n",
+            env!("CARGO_PKG_VERSION"),
+            crate::version::COMMIT
+        );
+        assert!(text.contains(&line), "{text}");
+        // Built from this checkout: a commit, not `unknown`.
+        assert!(
+            crate::version::COMMIT.len() == 12
+                && crate::version::COMMIT
+                    .bytes()
+                    .all(|b| b.is_ascii_hexdigit()),
+            "{}",
+            crate::version::COMMIT
+        );
+    }
 
     #[test]
     fn methods_are_named_and_everything_else_is_other() {

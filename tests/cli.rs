@@ -28,9 +28,21 @@ fn crr_proxy() -> Command {
 fn version_and_help_name_every_flag() {
     let version = crr_proxy().arg("--version").output().unwrap();
     assert!(version.status.success());
+    // The commit too, so that an operator can tell what each node runs.
+    let head = Command::new("git")
+        .args([
+            "-C",
+            env!("CARGO_MANIFEST_DIR"),
+            "rev-parse",
+            "--short=12",
+            "HEAD",
+        ])
+        .output()
+        .unwrap();
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_owned();
     assert_eq!(
         String::from_utf8_lossy(&version.stdout).trim(),
-        format!("crr-proxy {}", env!("CARGO_PKG_VERSION"))
+        format!("crr-proxy {} (commit {head})", env!("CARGO_PKG_VERSION"))
     );
     let help = crr_proxy().args(["run", "--help"]).output().unwrap();
     let help = String::from_utf8_lossy(&help.stdout);
