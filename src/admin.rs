@@ -7,6 +7,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
@@ -15,10 +16,12 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, UnixStream};
 use tokio::sync::watch;
-use tracing::{debug, info};
+use tracing::{debug, error, info, warn};
 
 use crate::cri::Endpoint;
 use crate::metrics::Metrics;
+use crate::notify;
+use crate::telemetry::Chain;
 
 #[derive(Debug, thiserror::Error)]
 #[error("bind {addr}")]
@@ -26,6 +29,49 @@ pub struct AdminError {
     addr: SocketAddr,
     #[source]
     source: std::io::Error,
+}
+
+/// How often an address that could not be bound is tried again.
+const BIND_RETRY: Duration = Duration::from_secs(2);
+
+/// Serves the probes on `addr` in the background, as [`serve`] does. An
+/// address that cannot be bound (another program holds it, or a crr-proxy
+/// that has not yet gone) does not hold up kubelet's path: the error is
+/// logged, systemd's status line (`systemctl status crr-proxy`) says what
+/// is not served and why, and the address is tried again until it binds.
+pub async fn spawn(
+    addr: SocketAddr,
+    ready: watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
+    runtime: Endpoint,
+) {
+    let serving = format!("STATUS=serving CRI calls; /metrics, /healthz and /readyz on {addr}");
+    let bind = move || serve(addr, ready.clone(), Arc::clone(&metrics), runtime.clone());
+    let Err(error) = bind().await else {
+        status(&serving);
+        return;
+    };
+    error!(error = %Chain(&error), "serving without /metrics, /healthz and /readyz until the address is free");
+    status(&format!(
+        "STATUS=degraded: /metrics, /healthz and /readyz not served: {}; retrying every {} s",
+        Chain(&error),
+        BIND_RETRY.as_secs()
+    ));
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(BIND_RETRY).await;
+            if bind().await.is_ok() {
+                status(&serving);
+                return;
+            }
+        }
+    });
+}
+
+fn status(state: &str) {
+    if let Err(error) = notify::notify(state) {
+        warn!(%error, "could not notify systemd");
+    }
 }
 
 /// Binds `addr` and serves the probes in the background. `runtime` is the

@@ -78,12 +78,10 @@ pub async fn run(
         None => None,
     };
     if let Some(addr) = config.metrics_addr {
+        // Probes and metrics are for the operator; kubelet's path never
+        // waits on a busy port (admin::spawn keeps trying it).
         let runtime = config.routes.runtime.clone();
-        if let Err(error) = admin::serve(addr, ready, Arc::clone(&metrics), runtime).await {
-            // Probes and metrics are for the operator; kubelet's path must
-            // not wait on a busy port.
-            tracing::error!(error = %telemetry::Chain(&error), "serving without /metrics, /healthz and /readyz");
-        }
+        admin::spawn(addr, ready, Arc::clone(&metrics), runtime).await;
     }
     tracing::info!(
         runtime = %config.routes.runtime,

@@ -262,6 +262,82 @@ async fn serves_from_environment_settings_and_exits_cleanly_on_sigterm() {
     support::remove_socket_dir(&listen);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metrics_address_in_use_is_reported_and_taken_once_free() {
+    let upstream = FakeUpstream::start();
+    let listen = support::temp_socket("metrics-busy");
+    // Another program holds the address when crr-proxy starts.
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    let notify_path = listen.with_file_name("notify");
+    let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).unwrap();
+    notify
+        .set_read_timeout(Some(std::time::Duration::from_millis(100)))
+        .unwrap();
+    let child = crr_proxy()
+        .args(["run", "--listen", listen.to_str().unwrap()])
+        .args(["--runtime-endpoint", &upstream.endpoint().to_string()])
+        .args(["--metrics-addr", &addr])
+        .env("NOTIFY_SOCKET", &notify_path)
+        .env("CRR_PROXY_LOG", "warn")
+        .spawn()
+        .unwrap();
+    // Killed if an assertion fails first, so that no crr-proxy outlives it.
+    struct Reaped(std::process::Child);
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Reaped(child);
+    // What crr-proxy told systemd, until `until` says enough.
+    let told = |until: &dyn Fn(&[String]) -> bool| {
+        let mut states = Vec::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        let mut buf = [0u8; 4096];
+        while std::time::Instant::now() < deadline && !until(&states) {
+            if let Ok(n) = notify.recv(&mut buf) {
+                states.extend(String::from_utf8_lossy(&buf[..n]).lines().map(String::from));
+            }
+        }
+        states
+    };
+    let states = told(&|s: &[String]| s.iter().any(|l| l == "READY=1"));
+    assert!(states.iter().any(|l| l == "READY=1"), "{states:?}");
+    // kubelet's path does not wait on the port, and `systemctl status` says
+    // what is missing.
+    assert_proxies(&listen).await;
+    assert!(
+        states
+            .iter()
+            .any(|l| l.starts_with("STATUS=") && l.contains(&addr) && l.contains("in use")),
+        "systemd was not told: {states:?}"
+    );
+    // The other program accepts and never answers: no crr-proxy there.
+    let answer =
+        tokio::time::timeout(std::time::Duration::from_secs(1), probe(&addr, "/healthz")).await;
+    assert!(!matches!(answer, Ok(200)), "{answer:?}");
+
+    // Once the other program lets it go, crr-proxy serves there.
+    drop(busy);
+    let states = told(&|s: &[String]| {
+        s.iter()
+            .any(|l| l.starts_with("STATUS=") && l.contains("serving"))
+    });
+    assert!(
+        states
+            .iter()
+            .any(|l| l.starts_with("STATUS=") && l.contains("serving")),
+        "{states:?}"
+    );
+    assert_eq!(probe(&addr, "/healthz").await, 200);
+    assert_eq!(probe(&addr, "/metrics").await, 200);
+    kill(Pid::from_raw(child.0.id() as i32), Signal::SIGTERM).unwrap();
+    assert!(child.0.wait().unwrap().success());
+    support::remove_socket_dir(&listen);
+}
+
 /// Starts crr-proxy the way systemd does with socket activation: the
 /// listening socket is fd 3, LISTEN_FDS=1, LISTEN_PID is crr-proxy's own PID.
 const ACTIVATE: &str = r#"
