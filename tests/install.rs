@@ -133,6 +133,7 @@ fn the_units_name_the_documented_socket_and_service_settings() {
         "Before=kubelet.service",
         "OOMScoreAdjust=-999",
         "ExecStart=/usr/local/bin/crr-proxy run",
+        "InaccessiblePaths=-/etc/kubernetes -/var/lib/kubelet/pki",
     ] {
         assert!(
             service.lines().any(|l| l == line),
