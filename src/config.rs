@@ -604,6 +604,8 @@ fn environment_file(sub: &ArgMatches) -> Result<Vec<(String, String)>, ParseErro
         };
         let id = arg.get_id().as_str().to_owned();
         if from_default(sub, &id) {
+            // A name given twice: the last line wins, as systemd reads it.
+            settings.retain(|(earlier, _)| *earlier != id);
             settings.push((id, value.to_owned()));
         }
     }
@@ -866,7 +868,7 @@ mod tests {
     fn check_takes_the_services_environment_file_below_flags_and_above_the_settings_file() {
         let env = settings_file(
             "env",
-            "# as install.sh writes it\nCRR_PROXY_AGENT=kruise\n; a comment\n\
+            "# as install.sh writes it\nCRR_PROXY_AGENT=standalone\nCRR_PROXY_AGENT=kruise\n; a comment\n\
              CRR_PROXY_KUBECONFIG=\"/etc/crr-proxy/kubeconfig\"\nCRR_PROXY_NODE_NAME='node-a'\n\
              CRR_PROXY_LOG_FORMAT=json\nCRR_PROXY_LISTEN=/tmp/env.sock\nnot a setting\n",
         );
