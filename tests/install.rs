@@ -452,3 +452,315 @@ fn uninstall_restores_the_endpoints_in_the_configuration_as_it_is_now() {
     );
     support::remove_socket_dir(&socket);
 }
+
+// kubelet's endpoints on kubeadm's layouts. The helpers below do to the
+// scratch root what kubeadm and kubelet do on a node, so that each test can
+// ask what kubelet would use after the install, after an upgrade and after
+// the uninstall.
+
+const SOCKET: &str = "unix:///run/crr-proxy/crr-proxy.sock";
+const CONTAINERD: &str = "unix:///var/run/containerd/containerd.sock";
+const FLAGS: &str = "var/lib/kubelet/kubeadm-flags.env";
+const INSTANCE: &str = "var/lib/kubelet/instance-config.yaml";
+const DEFAULTS: &str = "etc/default/kubelet";
+/// What the kubelet-config ConfigMap holds: kubeadm writes it as config.yaml.
+const CONFIG_MAP: &str = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n\
+                          cgroupDriver: systemd\n";
+
+/// The top-level scalar `key` of a YAML text, unquoted.
+fn yaml_value(text: &str, key: &str) -> Option<String> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}:")))
+        .map(|v| v.trim().trim_matches('"').to_owned())
+}
+
+/// The value of the last `--flag=value` or `--flag value` in `text`.
+fn flag_value(text: &str, flag: &str) -> Option<String> {
+    let words: Vec<&str> = text
+        .split(|c: char| c.is_whitespace() || c == '"' || c == '=')
+        .filter(|w| !w.is_empty())
+        .collect();
+    words
+        .windows(2)
+        .filter(|w| w[0] == flag)
+        .map(|w| w[1].to_owned())
+        .next_back()
+}
+
+fn read(root: &Path, rel: &str) -> String {
+    std::fs::read_to_string(root.join(rel)).unwrap_or_default()
+}
+
+/// The endpoint kubelet would use for `key`: its --config file, then the
+/// drop-ins of its --config-dir in lexical order, then its flags, last wins
+/// (cmd/kubelet/app/server.go); the image endpoint defaults to the runtime's.
+fn effective(root: &Path, key: &str) -> Option<String> {
+    let flags = format!("{}\n{}", read(root, FLAGS), read(root, DEFAULTS));
+    let flag = match key {
+        "containerRuntimeEndpoint" => "--container-runtime-endpoint",
+        _ => "--image-service-endpoint",
+    };
+    let mut value = yaml_value(&read(root, KUBELET), key);
+    if let Some(dir) = flag_value(&flags, "--config-dir") {
+        let dir = root.join(dir.trim_start_matches('/'));
+        let mut dropins: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        dropins.retain(|p| p.extension().is_some_and(|e| e == "conf"));
+        dropins.sort();
+        for dropin in dropins {
+            if let Some(v) = yaml_value(&std::fs::read_to_string(dropin).unwrap(), key) {
+                value = Some(v);
+            }
+        }
+    }
+    if let Some(v) = flag_value(&flags, flag) {
+        value = Some(v);
+    }
+    match value {
+        None if key == "imageServiceEndpoint" => effective(root, "containerRuntimeEndpoint"),
+        value => value,
+    }
+}
+
+fn kubelet_uses(root: &Path, endpoint: &str) {
+    for key in ["containerRuntimeEndpoint", "imageServiceEndpoint"] {
+        assert_eq!(
+            effective(root, key).as_deref(),
+            Some(endpoint),
+            "{key}; flags: {:?}, config.yaml: {:?}, instance-config.yaml: {:?}",
+            read(root, FLAGS),
+            read(root, KUBELET),
+            read(root, INSTANCE)
+        );
+    }
+}
+
+/// `kubeadm upgrade node`: config.yaml written again from the ConfigMap,
+/// with instance-config.yaml merged in where the node has one; with
+/// NodeLocalCRISocket (1.34+) and no instance-config.yaml yet, the flag's
+/// value moves there first (cmd/kubeadm/app/phases/upgrade/postupgrade.go,
+/// WriteKubeletConfigFiles; phases/kubelet/config.go, WriteConfigToDisk).
+fn kubeadm_upgrade(root: &Path, node_local_cri_socket: bool) {
+    let flags = read(root, FLAGS);
+    if node_local_cri_socket && !root.join(INSTANCE).exists() {
+        if let Some(endpoint) = flag_value(&flags, "--container-runtime-endpoint") {
+            let kept: Vec<&str> = flags
+                .trim_start_matches("KUBELET_KUBEADM_ARGS=\"")
+                .trim_end_matches(['"', '\n'])
+                .split(' ')
+                .filter(|w| !w.starts_with("--container-runtime-endpoint"))
+                .collect();
+            std::fs::write(
+                root.join(FLAGS),
+                format!("KUBELET_KUBEADM_ARGS=\"{}\"\n", kept.join(" ")),
+            )
+            .unwrap();
+            std::fs::write(
+                root.join(INSTANCE),
+                format!("containerRuntimeEndpoint: \"{endpoint}\"\n"),
+            )
+            .unwrap();
+        }
+    }
+    let mut config = CONFIG_MAP.to_owned();
+    if let Some(endpoint) = yaml_value(&read(root, INSTANCE), "containerRuntimeEndpoint") {
+        config.push_str(&format!("containerRuntimeEndpoint: {endpoint}\n"));
+    }
+    std::fs::write(root.join(KUBELET), config).unwrap();
+}
+
+/// No file under `root` names crr-proxy's socket.
+fn nothing_names_the_socket(root: &Path) {
+    for (name, (_, bytes)) in snapshot(root) {
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains(SOCKET),
+            "{name} still names the socket"
+        );
+    }
+}
+
+#[test]
+fn kubeadm_flags_env_the_flag_is_switched_where_it_stands_and_survives_upgrades() {
+    let flags = format!(
+        "KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint={CONTAINERD} --node-ip=10.0.0.5\"\n"
+    );
+    let (socket, root) = node_with("install-flags", &[(FLAGS, &flags), (KUBELET, CONFIG_MAP)]);
+    let before = snapshot(&root);
+    kubelet_uses(&root, CONTAINERD);
+
+    install(&root, &[]);
+    kubelet_uses(&root, SOCKET);
+    assert_eq!(
+        read(&root, FLAGS),
+        format!(
+            "KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint={SOCKET} --node-ip=10.0.0.5\"\n"
+        )
+    );
+    assert_eq!(
+        read(&root, KUBELET),
+        CONFIG_MAP,
+        "the flag wins: config.yaml is left alone"
+    );
+    let once = snapshot(&root);
+    install(&root, &[]);
+    assert_eq!(snapshot(&root), once, "a second run changed the node");
+
+    // Uninstalled before any upgrade: the node as it was, byte for byte.
+    install(&root, &["--uninstall"]);
+    assert_eq!(
+        snapshot(&root)
+            .into_iter()
+            .filter(|(n, _)| !n.ends_with('/'))
+            .collect::<BTreeMap<_, _>>(),
+        before
+            .into_iter()
+            .filter(|(n, _)| !n.ends_with('/'))
+            .collect::<BTreeMap<_, _>>()
+    );
+
+    // An upgrade before 1.34 keeps the flags file; 1.34+ moves the flag
+    // into instance-config.yaml. kubelet stays on the socket either way, and
+    // the uninstall puts containerd back wherever kubeadm moved it.
+    install(&root, &[]);
+    kubeadm_upgrade(&root, false);
+    kubelet_uses(&root, SOCKET);
+    kubeadm_upgrade(&root, true);
+    assert!(!read(&root, FLAGS).contains("--container-runtime-endpoint"));
+    kubelet_uses(&root, SOCKET);
+    install(&root, &["--uninstall"]);
+    kubelet_uses(&root, CONTAINERD);
+    nothing_names_the_socket(&root);
+    support::remove_socket_dir(&socket);
+}
+
+#[test]
+fn instance_config_yaml_is_switched_so_that_kubeadm_merges_the_socket_back() {
+    let instance = format!("containerRuntimeEndpoint: \"{CONTAINERD}\"\n");
+    let merged = format!("{CONFIG_MAP}containerRuntimeEndpoint: {CONTAINERD}\n");
+    let flags = "KUBELET_KUBEADM_ARGS=\"--node-ip=10.0.0.5\"\n";
+    let (socket, root) = node_with(
+        "install-instance",
+        &[(INSTANCE, &instance), (KUBELET, &merged), (FLAGS, flags)],
+    );
+    let before = snapshot(&root);
+
+    install(&root, &[]);
+    kubelet_uses(&root, SOCKET);
+    assert_eq!(
+        read(&root, INSTANCE),
+        format!("containerRuntimeEndpoint: {SOCKET}\n")
+    );
+    kubeadm_upgrade(&root, true);
+    kubelet_uses(&root, SOCKET);
+
+    install(&root, &["--uninstall"]);
+    kubelet_uses(&root, CONTAINERD);
+    nothing_names_the_socket(&root);
+    assert_eq!(
+        read(&root, INSTANCE),
+        instance,
+        "instance-config.yaml as it was"
+    );
+
+    // Without an upgrade in between: byte for byte.
+    install(&root, &[]);
+    install(&root, &["--uninstall"]);
+    let files = |s: BTreeMap<String, (u32, Vec<u8>)>| -> BTreeMap<_, _> {
+        s.into_iter().filter(|(n, _)| !n.ends_with('/')).collect()
+    };
+    assert_eq!(files(snapshot(&root)), files(before));
+    support::remove_socket_dir(&socket);
+}
+
+#[test]
+fn a_config_dir_gets_a_drop_in_of_its_own_and_config_yaml_is_left_alone() {
+    let config = format!(
+        "{CONFIG_MAP}containerRuntimeEndpoint: {CONTAINERD}\nimageServiceEndpoint: {CONTAINERD}\n"
+    );
+    let defaults = "KUBELET_EXTRA_ARGS=--config-dir=/etc/kubernetes/kubelet.conf.d\n";
+    let (socket, root) = node_with(
+        "install-dropin",
+        &[(KUBELET, &config), (DEFAULTS, defaults)],
+    );
+    let before = snapshot(&root);
+
+    install(&root, &[]);
+    kubelet_uses(&root, SOCKET);
+    assert_eq!(read(&root, KUBELET), config);
+    assert!(
+        root.join("etc/kubernetes/kubelet.conf.d/99-crr-proxy.conf")
+            .exists()
+    );
+    // kubeadm rewrites config.yaml; the drop-in still wins over it.
+    kubeadm_upgrade(&root, true);
+    kubelet_uses(&root, SOCKET);
+    std::fs::write(root.join(KUBELET), &config).unwrap();
+
+    install(&root, &["--uninstall"]);
+    kubelet_uses(&root, CONTAINERD);
+    let files = |s: BTreeMap<String, (u32, Vec<u8>)>| -> BTreeMap<_, _> {
+        s.into_iter().filter(|(n, _)| !n.ends_with('/')).collect()
+    };
+    assert_eq!(files(snapshot(&root)), files(before));
+    support::remove_socket_dir(&socket);
+}
+
+#[test]
+fn extra_args_flags_in_either_spelling_are_switched_and_put_back_exactly() {
+    let flags = format!("KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint={CONTAINERD}\"\n");
+    let defaults = format!(
+        "KUBELET_EXTRA_ARGS=\"--container-runtime-endpoint {CONTAINERD} --image-service-endpoint={CONTAINERD}\"\n"
+    );
+    let (socket, root) = node_with(
+        "install-extra",
+        &[
+            (FLAGS, &flags),
+            (DEFAULTS, &defaults),
+            (KUBELET, CONFIG_MAP),
+        ],
+    );
+    let before = snapshot(&root);
+    install(&root, &[]);
+    kubelet_uses(&root, SOCKET);
+    assert_eq!(
+        read(&root, DEFAULTS),
+        format!(
+            "KUBELET_EXTRA_ARGS=\"--container-runtime-endpoint={SOCKET} --image-service-endpoint={SOCKET}\"\n"
+        )
+    );
+    install(&root, &["--uninstall"]);
+    assert_eq!(read(&root, DEFAULTS), defaults);
+    assert_eq!(read(&root, FLAGS), flags);
+    let files = |s: BTreeMap<String, (u32, Vec<u8>)>| -> BTreeMap<_, _> {
+        s.into_iter().filter(|(n, _)| !n.ends_with('/')).collect()
+    };
+    assert_eq!(files(snapshot(&root)), files(before));
+    support::remove_socket_dir(&socket);
+}
+
+#[test]
+fn an_install_made_with_the_old_backup_is_uninstalled_from_it() {
+    // Before the record, the install kept a copy of config.yaml and its path.
+    let original = format!("{CONFIG_MAP}containerRuntimeEndpoint: {CONTAINERD}\n");
+    let switched =
+        format!("{CONFIG_MAP}containerRuntimeEndpoint: {SOCKET}\nimageServiceEndpoint: {SOCKET}\n");
+    let (socket, root) = node_with(
+        "install-old",
+        &[
+            (KUBELET, &switched),
+            ("etc/crr-proxy/kubelet-config.orig", &original),
+            (
+                "etc/crr-proxy/kubelet-config.path",
+                "/var/lib/kubelet/config.yaml\n",
+            ),
+        ],
+    );
+    install(&root, &["--uninstall"]);
+    assert_eq!(read(&root, KUBELET), original);
+    assert!(
+        !root.join("etc/crr-proxy").exists(),
+        "the old backup is left behind"
+    );
+    support::remove_socket_dir(&socket);
+}
