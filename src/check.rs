@@ -21,6 +21,9 @@ use crate::cri::Endpoint;
 use crate::cri::v1::VersionRequest;
 use crate::crr::client::ApiVersion;
 
+mod kubelet;
+use kubelet::{Flags, Layered};
+
 const TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The per-node identity scripts/node-identity.sh issues:
@@ -108,20 +111,25 @@ pub async fn run(config: &RunConfig, kubelet_config: &Path) -> Report {
         report.add("image endpoint", reachable(image).await);
     }
     report.add("listen path", listen_path(&config.listen));
-    let kubelet_settings = read_kubelet_config(kubelet_config);
+    let reported = match &config.agent {
+        Some(settings) => kubernetes(settings, &mut report).await,
+        None => None,
+    };
+    let local = local_kubelet(kubelet_config, Path::new("/proc"));
+    let want = Endpoint::from_path(&config.listen).to_string();
     report.add(
         "kubelet endpoints",
-        kubelet_settings
-            .clone()
-            .and_then(|parsed| kubelet(&parsed, &config.listen)),
+        kubelet_endpoints(reported.as_ref(), local.as_ref(), &want),
     );
+    let known = match (&reported, &local) {
+        (Some(Ok(reported)), _) => Ok(&reported.config),
+        (_, Ok(local)) => Ok(&local.layered.config),
+        (_, Err(verdict)) => Err(verdict.clone()),
+    };
     report.add(
         "restart back-off",
-        kubelet_settings.and_then(|parsed| crash_loop_backoff(&parsed)),
+        known.and_then(crash_loop_backoff),
     );
-    if let Some(settings) = &config.agent {
-        kubernetes(settings, &mut report).await;
-    }
     report
 }
 
@@ -180,37 +188,129 @@ fn listen_path(path: &Path) -> Result<String, Verdict> {
     }
 }
 
-/// kubelet's configuration file, when it is readable here.
-fn read_kubelet_config(config: &Path) -> Result<serde_json::Value, Verdict> {
-    let Ok(text) = std::fs::read_to_string(config) else {
-        return Err(Verdict::Skip(format!(
-            "{} is not readable here",
-            config.display()
-        )));
-    };
-    serde_saphyr::from_str(&text).map_err(|e| fail(format!("{}: {e}", config.display())))
+/// kubelet's configuration as this node's files give it.
+struct Local {
+    layered: Layered,
+    /// Where it was learnt, for the report.
+    origin: String,
+    /// Files that set an endpoint and changed after kubelet started.
+    unread: Vec<std::path::PathBuf>,
 }
 
-/// kubelet's configured endpoints.
-fn kubelet(parsed: &serde_json::Value, listen: &Path) -> Result<String, Verdict> {
-    let want = Endpoint::from_path(listen).to_string();
+/// The running kubelet's command line and the files it names; where no
+/// kubelet runs here, the `kubelet_config` file alone.
+fn local_kubelet(kubelet_config: &Path, proc: &Path) -> Result<Local, Verdict> {
+    if let Some(process) = kubelet::running(proc) {
+        let flags = Flags::parse(process.args.get(1..).unwrap_or_default());
+        let config = flags.config.as_ref().map(|c| process.cwd.join(c));
+        let layered = kubelet::layer(config.as_deref(), &flags, &process.cwd).map_err(fail)?;
+        let unread = process
+            .started
+            .map(|started| kubelet::changed_since(&layered, started))
+            .unwrap_or_default();
+        return Ok(Local {
+            layered,
+            origin: format!("kubelet pid {}'s command line and files", process.pid),
+            unread,
+        });
+    }
+    if std::fs::metadata(kubelet_config).is_err() {
+        return Err(Verdict::Skip(format!(
+            "no kubelet runs here and {} is not readable",
+            kubelet_config.display()
+        )));
+    }
+    let layered =
+        kubelet::layer(Some(kubelet_config), &Flags::default(), Path::new("/")).map_err(fail)?;
+    Ok(Local {
+        layered,
+        origin: format!("{} (no kubelet runs here)", kubelet_config.display()),
+        unread: Vec::new(),
+    })
+}
+
+/// Whether kubelet dials `want`: by its own report where there is one, else
+/// by its command line and files; and whether the two disagree (kubelet's
+/// next restart would change its endpoints).
+fn kubelet_endpoints(
+    reported: Option<&Result<Layered, String>>,
+    local: Result<&Local, &Verdict>,
+    want: &str,
+) -> Result<String, Verdict> {
+    let (uses, origin) = match (reported, local) {
+        (Some(Ok(reported)), _) => (
+            reported,
+            "kubelet's /configz through the API server".to_owned(),
+        ),
+        (_, Ok(local)) => (&local.layered, local.origin.clone()),
+        (_, Err(verdict)) => return Err(verdict.clone()),
+    };
+    let unreported = match reported {
+        Some(Err(why)) => format!("; /configz: {why}"),
+        _ => String::new(),
+    };
+    let pairs = |l: &Layered| {
+        [
+            ("containerRuntimeEndpoint", l.runtime.clone()),
+            ("imageServiceEndpoint", l.image.clone()),
+        ]
+    };
     let mut wrong = Vec::new();
-    for key in ["containerRuntimeEndpoint", "imageServiceEndpoint"] {
-        let value = parsed[key].as_str().unwrap_or("");
-        // kubelet uses the runtime endpoint for images when unset.
-        let effective = if value.is_empty() && key == "imageServiceEndpoint" {
-            parsed["containerRuntimeEndpoint"].as_str().unwrap_or("")
-        } else {
-            value
-        };
-        if effective != want {
-            wrong.push(format!("{key} is {effective:?}"));
+    for (key, endpoint) in pairs(uses) {
+        if endpoint.value != want {
+            wrong.push(format!(
+                "{key} is {:?} ({})",
+                endpoint.value, endpoint.source
+            ));
+        }
+    }
+    if let (Some(Ok(_)), Ok(local)) = (reported, local) {
+        for ((key, running), (_, on_disk)) in pairs(uses).into_iter().zip(pairs(&local.layered)) {
+            if running.value != on_disk.value {
+                wrong.push(format!(
+                    "kubelet runs with {key} {:?}, but {} now gives {:?} ({}): its next restart changes it",
+                    running.value, local.origin, on_disk.value, on_disk.source
+                ));
+            }
+        }
+    }
+    if let Ok(local) = local {
+        for path in &local.unread {
+            wrong.push(format!(
+                "{} changed after kubelet started, so kubelet has not read it: restart kubelet",
+                path.display()
+            ));
         }
     }
     if wrong.is_empty() {
-        Ok(format!("kubelet uses {want}"))
+        Ok(format!("kubelet uses {want} (from {origin}){unreported}"))
     } else {
-        Err(fail(format!("{} (want {want})", wrong.join(", "))))
+        Err(fail(format!(
+            "{} (want {want}; from {origin}){unreported}",
+            wrong.join(", ")
+        )))
+    }
+}
+
+/// kubelet's own configuration, from its `/configz` through the API
+/// server's node proxy. That takes `get nodes/proxy`, which reaches every
+/// kubelet API (exec included): crr-proxy's RBAC does not grant it, so with
+/// the node's identity this answers why not, and the files speak instead.
+async fn configz(client: &kube::Client, node: &str) -> Result<Layered, String> {
+    let request = http::Request::get(format!("/api/v1/nodes/{node}/proxy/configz"))
+        .body(Vec::new())
+        .map_err(|e| e.to_string())?;
+    let answer = tokio::time::timeout(TIMEOUT, client.request::<serde_json::Value>(request))
+        .await
+        .map_err(|_| format!("no answer in {TIMEOUT:?}"))?;
+    match answer {
+        Ok(answer) => kubelet::from_configz(&answer)
+            .ok_or_else(|| "the answer has no kubeletconfig".to_owned()),
+        Err(kube::Error::Api(status)) if status.code == 403 => {
+            Err("these credentials may not get nodes/proxy (nor need to)".to_owned())
+        }
+        Err(kube::Error::Api(status)) => Err(status.message),
+        Err(error) => Err(error.to_string()),
     }
 }
 
@@ -516,7 +616,12 @@ async fn identity(client: &kube::Client, node: &str) -> Result<String, Verdict> 
     }
 }
 
-async fn kubernetes(settings: &AgentSettings, report: &mut Report) {
+/// The checks that need the API server; kubelet's `/configz` answer when
+/// the node's name is known there.
+async fn kubernetes(
+    settings: &AgentSettings,
+    report: &mut Report,
+) -> Option<Result<Layered, String>> {
     let config = match agent::kube_config(settings).await {
         Ok(config) => {
             report.add(
@@ -525,17 +630,33 @@ async fn kubernetes(settings: &AgentSettings, report: &mut Report) {
             );
             config
         }
-        Err(error) => return report.add("kubeconfig", Err(fail(error))),
+        Err(error) => {
+            report.add("kubeconfig", Err(fail(error)));
+            return None;
+        }
     };
+    // kube's client retries a 503, which is how the API server says a
+    // kubelet is out of its reach: /configz takes the first answer.
+    let mut once = config.clone();
+    once.default_retry = false;
     let client = match kube::Client::try_from(config) {
         Ok(client) => client,
-        Err(error) => return report.add("API server", Err(fail(error))),
+        Err(error) => {
+            report.add("API server", Err(fail(error)));
+            return None;
+        }
     };
     let version = tokio::time::timeout(TIMEOUT, client.apiserver_version()).await;
     match version {
         Ok(Ok(info)) => report.add("API server", Ok(format!("reachable, {}", info.git_version))),
-        Ok(Err(error)) => return report.add("API server", Err(fail(error))),
-        Err(_) => return report.add("API server", Err(fail(format!("no answer in {TIMEOUT:?}")))),
+        Ok(Err(error)) => {
+            report.add("API server", Err(fail(error)));
+            return None;
+        }
+        Err(_) => {
+            report.add("API server", Err(fail(format!("no answer in {TIMEOUT:?}"))));
+            return None;
+        }
     }
 
     report.add("identity", identity(&client, &settings.node_name).await);
@@ -552,7 +673,7 @@ async fn kubernetes(settings: &AgentSettings, report: &mut Report) {
         );
     }
 
-    let nodes: Api<Node> = Api::all(client);
+    let nodes: Api<Node> = Api::all(client.clone());
     let node = match nodes.get_opt(&settings.node_name).await {
         Ok(Some(_)) => Ok(format!("Node {:?} exists", settings.node_name)),
         Ok(None) => Err(fail(format!(
@@ -565,7 +686,15 @@ async fn kubernetes(settings: &AgentSettings, report: &mut Report) {
         ))),
         Err(error) => Err(fail(error)),
     };
+    // A Node these credentials may not read may still answer /configz.
+    let known = !matches!(node, Err(Verdict::Fail(_)));
     report.add("node name", node);
+    if known {
+        let client = kube::Client::try_from(once).ok()?;
+        Some(configz(&client, &settings.node_name).await)
+    } else {
+        None
+    }
 }
 
 #[cfg(test)]

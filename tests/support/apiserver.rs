@@ -661,6 +661,8 @@ struct Inner {
     kruise_workloads: std::sync::atomic::AtomicBool,
     /// RBAC rules by user (`grant`).
     grants: Mutex<HashMap<String, Vec<Value>>>,
+    /// What each node's kubelet answers on `/configz` (`set_configz`).
+    configz: Mutex<HashMap<String, Value>>,
 }
 
 /// A watch as its request asked for it.
@@ -770,6 +772,7 @@ impl FakeApiServer {
             ratcheting: std::sync::atomic::AtomicBool::new(false),
             kruise_workloads: std::sync::atomic::AtomicBool::new(false),
             grants: Mutex::new(HashMap::new()),
+            configz: Mutex::new(HashMap::new()),
         });
         let server = Self { url, inner };
         let handle = server.clone();
@@ -915,6 +918,53 @@ impl FakeApiServer {
     pub fn grant(&self, user: &str, rules: &Value) {
         let rules = rules.as_array().cloned().unwrap_or_default();
         lock(&self.inner.grants).insert(user.to_owned(), rules);
+    }
+
+    /// `node`'s kubelet answers `/configz` with `config` (its
+    /// KubeletConfiguration) through the node proxy.
+    pub fn set_configz(&self, node: &str, config: Value) {
+        lock(&self.inner.configz).insert(node.to_owned(), config);
+    }
+
+    /// `/api/v1/nodes/NODE/proxy/PATH`: kube-apiserver authorizes it as the
+    /// request's verb on `nodes/proxy` (pkg/registry/core/node/rest/proxy.go,
+    /// ProxyREST), finds the Node (404 without one) and relays to its
+    /// kubelet; a kubelet that is not there is a 503. Only `/configz` is
+    /// played here, as kubelet serves it (pkg/kubelet/server/server.go,
+    /// InstallDebuggingHandlers: `{"kubeletconfig": ...}`).
+    fn node_proxy(
+        &self,
+        method: &Method,
+        node: &str,
+        rest: &[&str],
+    ) -> Result<Response<BoxBody<Bytes, Infallible>>, ApiError> {
+        let verb = match *method {
+            Method::GET => "get",
+            Method::POST => "create",
+            Method::PUT => "update",
+            Method::PATCH => "patch",
+            Method::DELETE => "delete",
+            _ => "get",
+        };
+        self.authorize(verb, "v1", "nodes", Some("proxy"), Some(node), None)?;
+        if self.get(Resource::Node, "", node).is_none() {
+            return Err(ApiError::not_found(Resource::Node, node));
+        }
+        let Some(config) = lock(&self.inner.configz).get(node).cloned() else {
+            return Err(ApiError::new(
+                503,
+                "ServiceUnavailable",
+                format!(
+                    "error trying to reach service: dial tcp {node}:10250: connect: connection refused"
+                ),
+            ));
+        };
+        match rest {
+            ["configz"] if *method == Method::GET => {
+                Ok(respond(200, &json!({"kubeletconfig": config})))
+            }
+            _ => Err(ApiError::new(404, "NotFound", "404 page not found")),
+        }
     }
 
     /// RBAC: 403 with the API server's message unless a rule allows it.
@@ -1764,6 +1814,9 @@ impl FakeApiServer {
             let review = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview",
                                 "metadata": {"creationTimestamp": null}, "status": {"userInfo": user}});
             return Ok(respond(201, &review));
+        }
+        if let ["api", "v1", "nodes", node, "proxy", rest @ ..] = path.as_slice() {
+            return self.node_proxy(&parts.method, node, rest);
         }
         match path.as_slice() {
             ["api"] => return Ok(self.root_discovery(true)),
