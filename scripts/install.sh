@@ -5,9 +5,13 @@
 # configuration changed); `--uninstall` undoes it: kubelet's endpoints as
 # they were before, in its configuration as it is now.
 #
-#   scripts/install.sh [--binary PATH] [--kubelet-config PATH] [--kubeconfig FILE] [--uninstall]
+#   scripts/install.sh [--binary PATH] [--kubelet-config PATH] [--kubeconfig FILE]
+#                      [--kubelet-only] [--uninstall]
 #
-#   --binary PATH          crr-proxy to install (default: target/release/crr-proxy)
+#   --binary PATH          crr-proxy to install (default: target/release/crr-proxy
+#                          in a checkout, bin/crr-proxy in a release tarball)
+#   --kubelet-only         only switch kubelet (or, with --uninstall, only put it
+#                          back): crr-proxy itself came from the .deb
 #   --kubelet-config PATH  KubeletConfiguration file (default: /var/lib/kubelet/config.yaml)
 #   --kubeconfig FILE      the node's identity (scripts/node-identity.sh), installed
 #                          as /etc/crr-proxy/kubeconfig (0600) and named in crr-proxy.env
@@ -17,6 +21,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 binary=target/release/crr-proxy
+# A release tarball carries the binary in bin/ and has no target/.
+[[ -e "$binary" || ! -e bin/crr-proxy ]] || binary=bin/crr-proxy
+kubelet_only=false
 kubelet_config=/var/lib/kubelet/config.yaml
 kubeconfig=""
 uninstall=false
@@ -26,7 +33,8 @@ while (($#)); do
     --kubelet-config) kubelet_config="$2"; shift 2 ;;
     --kubeconfig) kubeconfig="$2"; shift 2 ;;
     --uninstall) uninstall=true; shift ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --kubelet-only) kubelet_only=true; shift ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -39,6 +47,13 @@ conf_dir="$root/etc/crr-proxy"
 source scripts/lib/kubelet-endpoint.sh
 
 live_systemd() { [[ -z "$root" && -d /run/systemd/system ]] && command -v systemctl >/dev/null; }
+
+if $uninstall && $kubelet_only; then
+  restore_kubelet
+  if live_systemd && $kubelet_touched; then systemctl restart kubelet.service || true; fi
+  echo "kubelet no longer uses crr-proxy; crr-proxy itself is still installed"
+  exit 0
+fi
 
 if $uninstall; then
   if live_systemd; then
@@ -53,6 +68,22 @@ if $uninstall; then
     if $kubelet_touched; then systemctl restart kubelet.service || true; fi
   fi
   echo "crr-proxy uninstalled"
+  exit 0
+fi
+
+if $kubelet_only; then
+  # kubelet goes NotReady on a socket nothing listens on.
+  if live_systemd && ! systemctl is-active --quiet crr-proxy.socket; then
+    echo "install.sh: crr-proxy.socket is not active; start it first: systemctl enable --now crr-proxy.socket" >&2
+    exit 1
+  fi
+  switch_kubelet
+  if ! $kubelet_touched; then
+    echo "kubelet already points at $socket; kubelet is not restarted"
+  elif live_systemd; then
+    systemctl restart kubelet.service
+  fi
+  echo "kubelet switched to $socket"
   exit 0
 fi
 
