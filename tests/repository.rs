@@ -1,8 +1,10 @@
 //! What the repository itself holds: scripts that take package mirrors
 //! from the machine's own configuration, no file naming a package
-//! registry's host, and the license Cargo.toml names.
+//! registry's host, the license Cargo.toml names, and docs that agree
+//! with the command line.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -138,4 +140,69 @@ fn the_license_file_holds_the_license_cargo_names() {
         license.contains("END OF TERMS AND CONDITIONS"),
         "the license text is cut short"
     );
+}
+
+/// docs/configuration.md's table and `crr-proxy run --help` name the same
+/// flags, each with the same variable and, where the flag has a plain
+/// default value, the same default.
+#[test]
+fn the_configuration_table_agrees_with_the_command_lines_help() {
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_crr-proxy"))
+        .args(["run", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8(help.stdout).unwrap();
+    // "--flag <VALUE>" then its description: "... [env: VAR=] [default: X]".
+    let mut flags = BTreeMap::new();
+    let mut lines = help.lines();
+    while let Some(line) = lines.next() {
+        let Some(flag) = line.trim().strip_prefix("--") else {
+            continue;
+        };
+        let name = flag.split_whitespace().next().unwrap().to_owned();
+        let about = lines.next().unwrap_or_default();
+        let env = about
+            .split_once("[env: ")
+            .map(|(_, rest)| rest.split('=').next().unwrap().to_owned());
+        // A default after the variable is clap's own value; one before it is
+        // a sentence written for the help.
+        let default = about
+            .split_once("[env: ")
+            .and_then(|(_, rest)| rest.split_once("[default: "))
+            .map(|(_, rest)| rest.split(']').next().unwrap().to_owned());
+        flags.insert(name, (env, default));
+    }
+    assert!(flags.len() > 10, "{help}");
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/configuration.md"
+    ))
+    .unwrap();
+    let mut table = BTreeMap::new();
+    for row in text.lines().filter(|l| l.starts_with("| `--")) {
+        let cells: Vec<&str> = row.split(" | ").collect();
+        let name = cells[0]
+            .trim_start_matches("| `--")
+            .split([' ', '`'])
+            .next()
+            .unwrap();
+        let env = cells[1].trim_matches('`').to_owned();
+        table.insert(name.to_owned(), (env, cells[2].to_owned()));
+    }
+    assert_eq!(
+        flags.keys().collect::<Vec<_>>(),
+        table.keys().collect::<Vec<_>>(),
+        "flags in --help vs docs/configuration.md"
+    );
+    for (name, (env, default)) in &flags {
+        let (doc_env, doc_default) = &table[name];
+        assert_eq!(
+            env.as_deref(),
+            Some(doc_env.as_str()),
+            "--{name}'s variable"
+        );
+        if let Some(default) = default {
+            assert_eq!(doc_default, &format!("`{default}`"), "--{name}'s default");
+        }
+    }
 }
