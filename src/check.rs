@@ -126,10 +126,7 @@ pub async fn run(config: &RunConfig, kubelet_config: &Path) -> Report {
         (_, Ok(local)) => Ok(&local.layered.config),
         (_, Err(verdict)) => Err(verdict.clone()),
     };
-    report.add(
-        "restart back-off",
-        known.and_then(crash_loop_backoff),
-    );
+    report.add("restart back-off", known.and_then(crash_loop_backoff));
     report
 }
 

@@ -4,7 +4,7 @@
 //! from the built-in default.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, Parser, Subcommand, ValueEnum};
@@ -101,12 +101,21 @@ pub struct RestartArgs {
     #[arg(long, value_name = "ID")]
     pub run_id: Option<String>,
 
-    /// Follow the restart until it ends [default: when stdout is a terminal].
-    #[arg(long, overrides_with = "no_wait")]
-    pub wait: bool,
+    /// Follow the restart until it ends; `--wait=false` returns once the
+    /// CRR is created, as kubectl spells it [default: when stdout is a
+    /// terminal].
+    #[arg(
+        long,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        require_equals = true,
+        overrides_with = "no_wait"
+    )]
+    pub wait: Option<bool>,
 
-    /// Create the CRR and return.
-    #[arg(long, overrides_with = "wait")]
+    /// Create the CRR and return (`--wait=false`).
+    #[arg(long, overrides_with = "wait", hide = true)]
     pub no_wait: bool,
 
     /// Print the CRR (the created one, or the final one when followed);
@@ -146,6 +155,8 @@ pub enum FailurePolicyArg {
 pub enum OutputArg {
     Json,
     Yaml,
+    /// `containerrecreaterequest.apps.kruise.io/NAME`, as `kubectl -o name`.
+    Name,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -196,14 +207,15 @@ impl RestartArgs {
             },
             // A workload's waves are always followed; `--no-wait` with one
             // is refused.
-            wait: if self.wait || self.no_wait {
-                self.wait
-            } else {
-                terminal || workload
+            wait: match (self.no_wait, self.wait) {
+                (true, _) => false,
+                (false, Some(wait)) => wait,
+                (false, None) => terminal || workload,
             },
             output: self.output.map(|o| match o {
                 OutputArg::Json => Output::Json,
                 OutputArg::Yaml => Output::Yaml,
+                OutputArg::Name => Output::Name,
             }),
             dry_run: match self.dry_run {
                 DryRunArg::None => DryRun::None,
@@ -504,7 +516,7 @@ impl RunArgs {
 /// Parses the command line, filling the settings neither a flag nor a
 /// variable gave from the settings file.
 pub fn parse(argv: Vec<std::ffi::OsString>) -> Result<Cli, ParseError> {
-    let matches = Cli::command().try_get_matches_from(&argv)?;
+    let matches = command_for(&argv).try_get_matches_from(&argv)?;
     let Some((name, sub)) = matches.subcommand() else {
         return Ok(<Cli as clap::FromArgMatches>::from_arg_matches(&matches)?);
     };
@@ -568,6 +580,32 @@ fn optional_file(matches: &ArgMatches, id: &str) -> Result<Option<String>, Parse
         }
         Err(error) => Err(file_error(&path, error.to_string())),
     }
+}
+
+/// The command line as its name calls for: on PATH as `kubectl-crr`,
+/// kubectl runs it for `kubectl crr ...`, whose user restarts containers;
+/// the node's commands (run, check, crd) still work there but are not shown.
+fn command_for(argv: &[std::ffi::OsString]) -> clap::Command {
+    let command = Cli::command();
+    let called = argv
+        .first()
+        .and_then(|a| Path::new(a).file_name())
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    if !called.starts_with(crate::restart::request::TOOL) {
+        return command;
+    }
+    command
+        .name("kubectl crr")
+        .bin_name("kubectl crr")
+        .display_name("kubectl crr")
+        .about("Restart containers of Pods in place, with ContainerRecreateRequests")
+        .mut_subcommand("run", |c| c.hide(true))
+        .mut_subcommand("check", |c| c.hide(true))
+        .mut_subcommand("crd", |c| c.hide(true))
+        .mut_subcommand("restart", |c| {
+            c.about("Restart containers of a Pod, or of a workload's Pods in waves, in place, and follow it to its end")
+        })
 }
 
 /// The settings of `check`'s `--env-file` that neither a flag nor this
@@ -684,6 +722,9 @@ mod tests {
         assert!(!wait(&["--no-wait"], true));
         assert!(wait(&["--wait"], false));
         assert!(wait(&["--no-wait", "--wait"], false), "the last one wins");
+        assert!(!wait(&["--wait=false"], true), "kubectl's spelling");
+        assert!(wait(&["--wait=true"], false));
+        assert!(!wait(&["--wait", "--no-wait"], true));
     }
 
     #[test]

@@ -49,6 +49,8 @@ pub struct Cluster {
 pub enum Output {
     Json,
     Yaml,
+    /// `RESOURCE.GROUP/NAME` per object, as `kubectl -o name` prints it.
+    Name,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -489,6 +491,23 @@ fn print(
             .map_err(|e| RestartError::Render(Box::new(e)))?,
         Output::Yaml => {
             serde_saphyr::to_string(object).map_err(|e| RestartError::Render(Box::new(e)))?
+        }
+        Output::Name => {
+            let items = match object["items"].as_array() {
+                Some(items) => items.iter().collect(),
+                None => vec![object],
+            };
+            items
+                .iter()
+                .map(|item| {
+                    format!(
+                        "{}.{}/{}\n",
+                        crate::crr::KIND.to_lowercase(),
+                        crate::crr::GROUP,
+                        item["metadata"]["name"].as_str().unwrap_or_default()
+                    )
+                })
+                .collect()
         }
     };
     out.write_all(text.as_bytes()).map_err(RestartError::Output)

@@ -406,15 +406,56 @@ async fn as_a_kubectl_plugin_it_is_the_same_tool() {
     let help = node.run_as(&plugin, &["restart", "--help"]).await;
     assert_eq!(help.code, 0, "{help:?}");
     assert!(
-        help.stdout.contains("Usage: kubectl-crr restart"),
+        help.stdout.contains("Usage: kubectl crr restart"),
         "{help:?}"
     );
+    // kubectl crr speaks as itself and shows its user only `restart`; the
+    // node's commands are not its business (they still parse).
+    let top = node.run_as(&plugin, &["--help"]).await;
+    assert!(
+        top.stdout.contains("Usage: kubectl crr <COMMAND>"),
+        "{top:?}"
+    );
+    assert!(top.stdout.contains("  restart "), "{top:?}");
+    for hidden in ["  run ", "  check ", "  crd "] {
+        assert!(
+            !top.stdout.contains(hidden),
+            "{hidden:?} shown:\n{}",
+            top.stdout
+        );
+    }
     let run = node
         .run_as(&plugin, &["restart", "web", "-c", "sidecar", "--wait"])
         .await;
     assert_eq!(run.code, 0, "{run:?}");
     assert!(run.stdout.contains("sidecar: Succeeded, killed"), "{run:?}");
     assert_eq!(restarts(&node.pod("web"), "sidecar"), 1);
+    // kubectl's spellings: --wait=false and -o name.
+    let named = node
+        .run_as(
+            &plugin,
+            &[
+                "restart",
+                "web",
+                "-c",
+                "sidecar",
+                "--wait=false",
+                "-o",
+                "name",
+            ],
+        )
+        .await;
+    assert_eq!(named.code, 0, "{named:?}");
+    let name = named
+        .stdout
+        .strip_prefix("containerrecreaterequest.apps.kruise.io/")
+        .and_then(|rest| rest.strip_suffix('\n'))
+        .unwrap_or_else(|| panic!("{named:?}"));
+    assert!(
+        name.starts_with("web-restart-") && !name.contains('\n'),
+        "{named:?}"
+    );
+    assert!(node.api.get(Resource::Crr, "default", name).is_some());
 }
 
 /// Ctrl-C stops following, never the restart: exit 130, and the CRR
