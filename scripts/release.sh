@@ -7,10 +7,15 @@
 #                                       scripts/install.sh, which installs from
 #                                       it with no checkout and no toolchain
 #   SHA256SUMS                          both, for `sha256sum -c`
+#   crr.yaml                            krew's plugin manifest for `kubectl crr`,
+#                                       naming the tarball and its sum
 #
-#   scripts/release.sh [--out DIR] [--binary PATH] [--allow-dirty]
+#   scripts/release.sh [--out DIR] [--url BASE] [--binary PATH] [--allow-dirty]
 #
 #   --out DIR       where the artifacts go (default: dist)
+#   --url BASE      where the release's files will be downloaded from, for
+#                   crr.yaml (default: file:// of --out, for a local
+#                   `kubectl krew install --manifest dist/crr.yaml`)
 #   --binary PATH   package this binary instead of building one with
 #                   `cargo build --release --locked` (the test suite's way)
 #   --allow-dirty   build from a checkout with uncommitted changes
@@ -18,14 +23,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 out=dist
+url=""
 binary=""
 allow_dirty=false
 while (($#)); do
   case "$1" in
     --out) out="$2"; shift 2 ;;
+    --url) url="$2"; shift 2 ;;
     --binary) binary="$2"; shift 2 ;;
     --allow-dirty) allow_dirty=true; shift ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "release.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -144,5 +151,38 @@ tarball="$name.tar.gz"
 tar -C "$work" --owner=0 --group=0 --numeric-owner -czf "$out/$tarball" "$name"
 
 (cd "$out" && sha256sum "$deb" "$tarball" >SHA256SUMS)
+
+# krew installs `kubectl crr` from the tarball: the binary, renamed as
+# kubectl looks for plugins.
+url="${url:-file://$out}"
+sum=$(sha256sum "$out/$tarball" | cut -d' ' -f1)
+cat >"$out/crr.yaml" <<EOF
+apiVersion: krew.googlecontainertools.github.com/v1alpha2
+kind: Plugin
+metadata:
+  name: crr
+spec:
+  version: v$version
+  shortDescription: Restart containers of Pods in place, with ContainerRecreateRequests
+  description: |
+    kubectl crr restart POD -c CONTAINER creates an OpenKruise
+    ContainerRecreateRequest for the Pod and follows it to its end; with
+    KIND/NAME it restarts a workload's Pods in waves, within its
+    PodDisruptionBudgets. The nodes need OpenKruise's kruise-daemon or
+    crr-proxy's agent to carry the requests out.
+  platforms:
+    - selector:
+        matchLabels:
+          os: linux
+          arch: $arch
+      uri: ${url%/}/$tarball
+      sha256: $sum
+      files:
+        - from: $name/bin/crr-proxy
+          to: kubectl-crr
+        - from: $name/LICENSE
+          to: .
+      bin: kubectl-crr
+EOF
 echo "release $version ($arch) in $out:"
-(cd "$out" && cat SHA256SUMS)
+(cd "$out" && cat SHA256SUMS && echo "crr.yaml (krew) names ${url%/}/$tarball")

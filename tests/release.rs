@@ -1,7 +1,7 @@
 //! scripts/release.sh's artifacts: the sums hold, the .deb installs into a
 //! scratch root with dpkg and leaves kubelet alone, its removal is refused
 //! while kubelet dials crr-proxy, and the tarball installs with neither a
-//! checkout nor a toolchain.
+//! checkout nor a toolchain; krew's manifest names the tarball by its sum.
 //!
 //! The suite packages the binary it built (`--binary`) rather than building
 //! a release one, which would take minutes on every run.
@@ -174,6 +174,37 @@ fn the_release_artifacts_install_as_an_operator_installs_them() {
     ] {
         assert!(tree.join(file).is_file(), "{file} is not in the tarball");
     }
+    // krew's manifest names this tarball by its sum, and files it holds.
+    let manifest: serde_json::Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(dist.join("crr.yaml")).unwrap()).unwrap();
+    assert_eq!(manifest["kind"], "Plugin");
+    assert_eq!(manifest["metadata"]["name"], "crr");
+    assert_eq!(manifest["spec"]["version"], format!("v{VERSION}"));
+    let platform = &manifest["spec"]["platforms"][0];
+    assert_eq!(platform["selector"]["matchLabels"]["arch"], arch.as_str());
+    let listed = std::fs::read_to_string(dist.join("SHA256SUMS")).unwrap();
+    let sum = listed
+        .lines()
+        .find(|l| l.ends_with(&format!("{tarball}.tar.gz")))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap();
+    assert_eq!(platform["sha256"], sum);
+    assert!(
+        platform["uri"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!("/{tarball}.tar.gz"))
+    );
+    assert_eq!(platform["bin"], "kubectl-crr");
+    for file in platform["files"].as_array().unwrap() {
+        let from = file["from"].as_str().unwrap();
+        assert!(
+            unpacked.join(from).is_file(),
+            "{from} is not in the tarball"
+        );
+    }
+    assert_eq!(platform["files"][0]["to"], "kubectl-crr");
+
     let node = scratch_root(dir.join("node"));
     ok(Command::new("bash")
         .arg(tree.join("scripts/install.sh"))
