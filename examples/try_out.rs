@@ -45,7 +45,7 @@ async fn main() -> anyhow::Result<()> {
         demo.api_url
     );
     println!(
-        "  kubeconfig {}  (user operator: exactly deploy/rbac-restart.yaml)",
+        "  kubeconfig {}  (user operator: exactly deploy/base/rbac-restart.yaml)",
         demo.kubeconfig.display()
     );
     demo.show(&mut std::io::stdout()).await?;

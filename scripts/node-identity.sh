@@ -10,7 +10,7 @@
 #
 #   user crr-proxy:node:NODE, group crr-proxy:nodes
 #
-# (the identity deploy/rbac-*.yaml bind and deploy/node-policy.yaml confine to
+# (the identity deploy/*/rbac.yaml bind and deploy/base/node-policy.yaml confine to
 # NODE's CRRs), and writes a kubeconfig with both embedded, mode 0600, for
 # the cluster of kubectl's current context. Install it on the node with
 # `scripts/install.sh --kubeconfig FILE`. NODE must be the name crr-proxy runs

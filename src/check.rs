@@ -318,7 +318,7 @@ async fn crd_versions(client: &kube::Client) -> Result<String, Verdict> {
         Ok(version) => version,
         Err(kube::Error::Api(status)) if status.code == 404 => {
             return Err(fail(
-                "the CRD is not installed (kubectl apply -f deploy/crd.yaml)",
+                "the CRD is not installed (kubectl apply -f deploy/crd/crd.yaml)",
             ));
         }
         Err(error) => return Err(fail(error)),
@@ -415,7 +415,7 @@ fn go_seconds(text: &str) -> Option<u64> {
     Some(millis.div_ceil(1000))
 }
 
-/// The verbs each agent mode needs, as in deploy/rbac-*.yaml.
+/// The verbs each agent mode needs, as in deploy/*/rbac.yaml.
 fn needed(mode: Mode) -> Vec<(&'static str, &'static str, &'static str, &'static str)> {
     let mut verbs = vec![
         ("apps.kruise.io", "containerrecreaterequests", "", "get"),
@@ -492,9 +492,50 @@ async fn rbac(client: &kube::Client, mode: Mode) -> Result<String, Verdict> {
         Ok(format!("every verb {mode:?} mode uses is allowed"))
     } else {
         Err(fail(format!(
-            "denied: {} (see deploy/rbac-*.yaml)",
+            "denied: {} (see deploy/*/rbac.yaml)",
             denied.join(", ")
         )))
+    }
+}
+
+/// No Lease yet: whether this node could make it, asked of the API server
+/// with a dry run, which goes through admission (the namespace must exist;
+/// node-policy.yaml must allow this Lease and this holder) and stores
+/// nothing.
+async fn first_lease(leases: &Api<Lease>, settings: &AgentSettings) -> Result<String, Verdict> {
+    let LeaseSettings {
+        name, namespace, ..
+    } = &settings.lease;
+    let lease = Lease {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        },
+        spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+            holder_identity: Some(settings.node_name.clone()),
+            ..Default::default()
+        }),
+    };
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    match leases.create(&dry_run, &lease).await {
+        Ok(_) => Ok(format!(
+            "{namespace}/{name} does not exist yet: the first standalone node to look makes it"
+        )),
+        // Another node made it since the read: it exists.
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            Ok(format!("{namespace}/{name} was just made by another node"))
+        }
+        Err(kube::Error::Api(status)) if status.code == 404 => Err(fail(format!(
+            "namespace {namespace} does not exist, so no node can make Lease {name} there (kubectl apply -k deploy/standalone makes it)"
+        ))),
+        Err(kube::Error::Api(status)) => Err(fail(format!(
+            "this node may not make Lease {namespace}/{name}: {} (crr-proxy manifests renders the policies for the Lease it runs with)",
+            status.message
+        ))),
+        Err(error) => Err(fail(format!("Lease {namespace}/{name}: {error}"))),
     }
 }
 
@@ -525,14 +566,18 @@ async fn lease(client: &kube::Client, settings: &AgentSettings) -> Result<String
         .is_some_and(|s| s.allowed);
     if !allowed {
         return Err(fail(format!(
-            "this node may not update Lease {namespace}/{name}, so it can never claim new CRRs (see deploy/rbac-standalone.yaml)"
+            "this node may not update Lease {namespace}/{name}, so it can never claim new CRRs (see deploy/standalone/rbac.yaml)"
         )));
     }
-    let lease = Api::<Lease>::namespaced(client.clone(), namespace)
+    let leases = Api::<Lease>::namespaced(client.clone(), namespace);
+    let lease = leases
         .get_opt(name)
         .await
         .map_err(|e| fail(format!("Lease {namespace}/{name}: {e}")))?;
-    let spec = lease.and_then(|l| l.spec).unwrap_or_default();
+    let Some(lease) = lease else {
+        return first_lease(&leases, settings).await;
+    };
+    let spec = lease.spec.unwrap_or_default();
     let Some(holder) = spec.holder_identity.filter(|h| !h.is_empty()) else {
         return Ok(format!(
             "{namespace}/{name} has no holder: the first standalone node to look takes it"
@@ -576,7 +621,7 @@ async fn kruise_daemon(client: &kube::Client, node: &str) -> Result<String, Verd
     }
 }
 
-/// identity deploy/node-policy.yaml expects for `node`.
+/// identity deploy/base/node-policy.yaml expects for `node`.
 async fn identity(client: &kube::Client, node: &str) -> Result<String, Verdict> {
     let review = SelfSubjectReview::default();
     let answer = Api::<SelfSubjectReview>::all(client.clone())
@@ -600,15 +645,15 @@ async fn identity(client: &kube::Client, node: &str) -> Result<String, Verdict> 
         .any(|g| g == NODE_GROUP);
     if name == expected {
         Ok(format!(
-            "{name}, confined to node {node:?} by deploy/node-policy.yaml"
+            "{name}, confined to node {node:?} by deploy/base/node-policy.yaml"
         ))
     } else if is_node_identity || name.starts_with(NODE_USER_PREFIX) {
         Err(fail(format!(
-            "{name} is another node's identity: with --node-name {node:?}, deploy/node-policy.yaml refuses every write (want {expected})"
+            "{name} is another node's identity: with --node-name {node:?}, deploy/base/node-policy.yaml refuses every write (want {expected})"
         )))
     } else {
         Err(Verdict::Skip(format!(
-            "{name}: not a per-node identity, so deploy/node-policy.yaml does not confine it (scripts/node-identity.sh)"
+            "{name}: not a per-node identity, so deploy/base/node-policy.yaml does not confine it (scripts/node-identity.sh)"
         )))
     }
 }

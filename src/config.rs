@@ -31,6 +31,10 @@ pub enum Command {
     Check(CheckArgs),
     /// Print the ContainerRecreateRequest CRD (apply it with kubectl).
     Crd,
+    /// Print the cluster objects of an agent mode (deploy/kruise or
+    /// deploy/standalone, as `kubectl apply -k` applies them) for the
+    /// Lease given (`kubectl apply -f -`).
+    Manifests(ManifestsArgs),
     /// Restart containers of a Pod in place (a ContainerRecreateRequest),
     /// and follow it to its end. Also `kubectl crr restart` when this binary
     /// is on PATH as `kubectl-crr`.
@@ -238,6 +242,64 @@ pub struct CheckArgs {
     pub env_file: PathBuf,
 }
 
+/// The standalone Lease, which `run` elects its claimer with and
+/// `manifests` renders the cluster's objects for.
+#[derive(Debug, Clone, Args)]
+pub struct LeaseArgs {
+    /// Standalone mode: the Lease that elects the one node claiming new CRRs
+    /// for the nodes of their Pods (its holderIdentity is the node name).
+    /// `crr-proxy manifests` renders deploy/ for it.
+    #[arg(
+        long,
+        env = "CRR_PROXY_LEASE_NAME",
+        default_value = crate::manifests::DEFAULT_LEASE_NAME
+    )]
+    pub lease_name: String,
+
+    /// Standalone mode: the Lease's namespace, one of crr-proxy's own.
+    #[arg(
+        long,
+        env = "CRR_PROXY_LEASE_NAMESPACE",
+        default_value = crate::manifests::DEFAULT_LEASE_NAMESPACE
+    )]
+    pub lease_namespace: String,
+}
+
+impl LeaseArgs {
+    pub fn lease(&self) -> Result<crate::manifests::LeaseRef, ConfigError> {
+        Ok(crate::manifests::LeaseRef::new(
+            &self.lease_name,
+            &self.lease_namespace,
+        )?)
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ManifestsArgs {
+    /// Whose objects: `kruise` (next to OpenKruise) or `standalone` (with
+    /// the CRD, the Lease's namespace and the standalone checks).
+    #[arg(long, value_enum)]
+    pub agent: ManifestsFor,
+
+    #[command(flatten)]
+    pub lease: LeaseArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ManifestsFor {
+    Kruise,
+    Standalone,
+}
+
+impl ManifestsFor {
+    pub fn overlay(self) -> crate::manifests::Overlay {
+        match self {
+            Self::Kruise => crate::manifests::Overlay::Kruise,
+            Self::Standalone => crate::manifests::Overlay::Standalone,
+        }
+    }
+}
+
 /// The environment file `crr-proxy.service` reads and `install.sh` writes.
 pub const DEFAULT_ENV_FILE: &str = "/etc/crr-proxy/crr-proxy.env";
 
@@ -320,19 +382,8 @@ pub struct RunArgs {
     )]
     pub state_dir: PathBuf,
 
-    /// Standalone mode: the Lease that elects the one node claiming new CRRs
-    /// for the nodes of their Pods (its holderIdentity is the node name).
-    /// deploy/node-policy.yaml names it too.
-    #[arg(
-        long,
-        env = "CRR_PROXY_LEASE_NAME",
-        default_value = "crr-proxy-standalone"
-    )]
-    pub lease_name: String,
-
-    /// Standalone mode: the Lease's namespace.
-    #[arg(long, env = "CRR_PROXY_LEASE_NAMESPACE", default_value = "kube-system")]
-    pub lease_namespace: String,
+    #[command(flatten)]
+    pub lease: LeaseArgs,
 
     /// Standalone mode: how long the Lease lasts unrenewed (`15s`, `1m`):
     /// the longest a new CRR waits for a claim after its holder dies.
@@ -416,6 +467,8 @@ pub enum ConfigError {
         renew: std::time::Duration,
         duration: std::time::Duration,
     },
+    #[error(transparent)]
+    Lease(#[from] crate::manifests::ManifestError),
 }
 
 /// A validated `run` configuration.
@@ -503,9 +556,10 @@ impl RunArgs {
         if renew >= duration || duration < std::time::Duration::from_secs(1) || renew.is_zero() {
             return Err(ConfigError::LeaseTiming { renew, duration });
         }
+        let lease = self.lease.lease()?;
         Ok(crate::agent::LeaseSettings {
-            name: self.lease_name.clone(),
-            namespace: self.lease_namespace.clone(),
+            name: lease.name().to_owned(),
+            namespace: lease.namespace().to_owned(),
             duration,
             renew_period: renew,
             ..crate::agent::LeaseSettings::default()
@@ -603,6 +657,7 @@ fn command_for(argv: &[std::ffi::OsString]) -> clap::Command {
         .mut_subcommand("run", |c| c.hide(true))
         .mut_subcommand("check", |c| c.hide(true))
         .mut_subcommand("crd", |c| c.hide(true))
+        .mut_subcommand("manifests", |c| c.hide(true))
         .mut_subcommand("restart", |c| {
             c.about("Restart containers of a Pod, or of a workload's Pods in waves, in place, and follow it to its end")
         })

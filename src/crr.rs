@@ -81,7 +81,7 @@ pub enum CrdError {
     Json(#[from] serde_json::Error),
 }
 
-/// The CRD manifest (`crr-proxy crd`, committed as `deploy/crd.yaml`). JSON
+/// The CRD manifest (`crr-proxy crd`, committed as `deploy/crd/crd.yaml`). JSON
 /// is YAML, so the file needs no YAML library.
 pub fn crd_manifest() -> Result<String, CrdError> {
     let json = serde_json::to_string_pretty(&crd()?)?;
@@ -377,10 +377,10 @@ mod tests {
 
     #[test]
     fn committed_crd_is_the_generated_one() {
-        let committed = include_str!("../deploy/crd.yaml");
+        let committed = include_str!("../deploy/crd/crd.yaml");
         assert!(
             committed == crd_manifest().unwrap(),
-            "deploy/crd.yaml is stale: run `cargo run -- crd > deploy/crd.yaml`"
+            "deploy/crd/crd.yaml is stale: run `cargo run -- crd > deploy/crd/crd.yaml`"
         );
     }
 

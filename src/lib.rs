@@ -13,6 +13,7 @@
 //! - [`notify`]: systemd's readiness notification.
 //! - [`metrics`]: Prometheus metrics of the data path.
 //! - [`reason`]: why a container restarted, as kubelet is told.
+//! - [`manifests`]: the cluster objects of deploy/, for a configured Lease.
 //! - [`records`]: small key-value records that outlive crr-proxy.
 //! - [`restart_rules`]: whether kubelet starts a stopped container again.
 //! - [`version`]: the version and commit this binary was built from.
@@ -26,6 +27,7 @@ pub mod crr;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod kill;
+pub mod manifests;
 pub mod metrics;
 pub mod notify;
 pub mod proxy;

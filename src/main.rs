@@ -57,6 +57,19 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Manifests(args) => match args.lease.lease() {
+            Ok(lease) => {
+                print!(
+                    "{}",
+                    crr_proxy::manifests::render(args.agent.overlay(), &lease)
+                );
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("crr-proxy: {error}");
+                ExitCode::from(EXIT_USAGE)
+            }
+        },
         Command::Run(args) => {
             crr_proxy::telemetry::init(args.log_format);
             let config = match args.validate() {

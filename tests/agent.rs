@@ -1190,7 +1190,7 @@ async fn a_crr_stored_before_the_crd_upgrade_completes() {
         cluster.crr("crr-old").unwrap()["apiVersion"],
         "apps.kruise.io/v1alpha1"
     );
-    // kubectl apply -f deploy/crd.yaml, then crr-proxy restarted.
+    // kubectl apply -f deploy/crd/crd.yaml, then crr-proxy restarted.
     cluster
         .api
         .set_crr_versions(CrrVersions::Both(Conversion::None));

@@ -114,13 +114,37 @@ async fn everything_in_place_passes_and_each_gap_fails_by_name() {
     api.delete_with_grace(Resource::Pod, "kruise-system", "kruise-daemon-x", Some(0))
         .unwrap();
     assert!(
-        row(&table, "Lease").contains("kube-system/crr-proxy-standalone has no holder"),
+        row(&table, "Lease")
+            .contains("crr-proxy-system/crr-proxy-claimer does not exist yet: the first standalone node to look makes it"),
         "{table}"
+    );
+    // A Lease no node could make: its namespace is missing, or the node
+    // policy allows another one.
+    for (namespace, why) in [
+        ("ops", "namespace ops does not exist"),
+        (
+            "kube-system",
+            "may not make Lease kube-system/crr-proxy-claimer: ",
+        ),
+    ] {
+        let elsewhere: Vec<&str> = args
+            .iter()
+            .copied()
+            .chain(["--lease-namespace", namespace])
+            .collect();
+        let (code, table) = check(&elsewhere, &kubeconfig, &kubelet).await;
+        assert_ne!(code, 0, "{table}");
+        let lease = row(&table, "Lease");
+        assert!(lease.contains("FAIL") && lease.contains(why), "{table}");
+    }
+    assert!(
+        api.get(Resource::Lease, "kube-system", "crr-proxy-claimer")
+            .is_none()
     );
     api.create(
         Resource::Lease,
-        "kube-system",
-        json!({"metadata": {"name": "crr-proxy-standalone"},
+        "crr-proxy-system",
+        json!({"metadata": {"name": "crr-proxy-claimer"},
                "spec": {"holderIdentity": "node-b", "leaseDurationSeconds": 15,
                         "renewTime": support::apiserver::now()}}),
     )

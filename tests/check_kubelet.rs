@@ -213,7 +213,7 @@ async fn the_endpoint_kubelet_runs_with_is_reported_and_a_difference_fails() {
     };
     let mut rules = kruise_rules();
     api.grant("crr-proxy:node:node-a", &rules);
-    // Not granted (deploy/rbac-kruise.yaml does not): the files speak.
+    // Not granted (deploy/kruise/rbac.yaml does not): the files speak.
     let row = kubelet_row(with_agent()).await;
     assert!(
         row.contains("pass")
@@ -263,9 +263,9 @@ async fn the_endpoint_kubelet_runs_with_is_reported_and_a_difference_fails() {
     drop(kubelet);
 }
 
-/// The ClusterRole's rules of deploy/rbac-kruise.yaml.
+/// The ClusterRole's rules of deploy/kruise/rbac.yaml.
 fn kruise_rules() -> Value {
-    let text = include_str!("../deploy/rbac-kruise.yaml");
+    let text = include_str!("../deploy/kruise/rbac.yaml");
     text.split("\n---")
         .map(|doc| serde_saphyr::from_str::<Value>(doc).unwrap())
         .find(|doc| doc["kind"] == "ClusterRole")

@@ -3,7 +3,7 @@
 //! or during the preStop hook; or asked to stop (SIGTERM) during the hook.
 //! The next crr-proxy completes the CRR without stopping the container or
 //! running its hook a second time. Runs the crr-proxy binary against a real
-//! containerd, the fake API server (under deploy/node-policy.yaml) and the
+//! containerd, the fake API server (under deploy/base/node-policy.yaml) and the
 //! kubelet role, in both agent modes.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 

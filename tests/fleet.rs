@@ -1,6 +1,6 @@
 //! Standalone mode on many nodes at once: several crr-proxy agents in this
 //! process, each with its own node name, identity and watches, against one
-//! fake API server under deploy/node-policy.yaml, and one real containerd
+//! fake API server under deploy/base/node-policy.yaml, and one real containerd
 //! behind the node that runs the Pods (node-0, with the kubelet role).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
@@ -107,7 +107,8 @@ impl Fleet {
 
     async fn start_with(ctrd: &Arc<Containerd>, order: &[usize], lease: LeaseSettings) -> Self {
         let api = FakeApiServer::start().await;
-        api.add_policies(include_str!("../deploy/node-policy.yaml"));
+        api.add_policies(include_str!("../deploy/base/node-policy.yaml"));
+        api.add_namespace(crr_proxy::manifests::DEFAULT_LEASE_NAMESPACE);
         let proxy = ProxyUnderTest::serve(Proxy::new(Routes {
             runtime: ctrd.endpoint(),
             image: None,
@@ -218,7 +219,7 @@ impl Fleet {
     /// The Lease's spec as the API server has it.
     fn lease_spec(&self) -> Value {
         self.api
-            .get(Resource::Lease, "kube-system", "crr-proxy-standalone")
+            .get(Resource::Lease, "crr-proxy-system", "crr-proxy-claimer")
             .map(|l| l["spec"].clone())
             .unwrap_or_default()
     }
@@ -226,7 +227,7 @@ impl Fleet {
     /// The node that holds the Lease, by the Lease itself.
     fn holder(&self) -> Option<String> {
         self.api
-            .get(Resource::Lease, "kube-system", "crr-proxy-standalone")?["spec"]["holderIdentity"]
+            .get(Resource::Lease, "crr-proxy-system", "crr-proxy-claimer")?["spec"]["holderIdentity"]
             .as_str()
             .map(str::to_owned)
     }
@@ -636,7 +637,7 @@ async fn a_partitioned_holder_cannot_claim_after_its_lease_expired() {
     let old = "crr-proxy:node:node-1";
     let renewed = fleet
         .api
-        .get(Resource::Lease, "kube-system", "crr-proxy-standalone")
+        .get(Resource::Lease, "crr-proxy-system", "crr-proxy-claimer")
         .unwrap()["spec"]["renewTime"]
         .clone();
     fleet.api.partition(old, true);

@@ -1,4 +1,4 @@
-//! deploy/node-policy.yaml, as written, judged by a CEL interpreter in the
+//! deploy/base/node-policy.yaml, as written, judged by a CEL interpreter in the
 //! fake API server: each node's crr-proxy identity may write only the CRRs
 //! and Pods of its own node. (The agent tests run every scenario under the
 //! same policy, as node-a.)
@@ -16,8 +16,13 @@ use support::policy::UserInfo;
 const NODE_LABEL: &str = "crr.apps.kruise.io/node-name";
 
 async fn server() -> FakeApiServer {
+    server_with(include_str!("../deploy/base/node-policy.yaml")).await
+}
+
+/// The fake API server with `policies`, its users and a few CRRs and Pods.
+async fn server_with(policies: &str) -> FakeApiServer {
     let server = FakeApiServer::start().await;
-    server.add_policies(include_str!("../deploy/node-policy.yaml"));
+    server.add_policies(policies);
     server.add_user("a", UserInfo::node("node-a"));
     server.add_user("b", UserInfo::node("node-b"));
     // A user outside crr-proxy:nodes (kruise-manager, a person).
@@ -138,20 +143,20 @@ async fn a_node_writes_only_its_own_crrs() {
 
 /// The standalone Lease, held by `holder` (`None`: released).
 fn hold_lease(server: &FakeApiServer, holder: Option<&str>) {
-    let lease = json!({"metadata": {"name": "crr-proxy-standalone"},
+    let lease = json!({"metadata": {"name": "crr-proxy-claimer"},
                        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15}});
-    match server.get(Resource::Lease, "kube-system", "crr-proxy-standalone") {
+    match server.get(Resource::Lease, "crr-proxy-system", "crr-proxy-claimer") {
         None => {
             server
-                .create_unchecked(Resource::Lease, "kube-system", lease)
+                .create_unchecked(Resource::Lease, "crr-proxy-system", lease)
                 .unwrap();
         }
         Some(_) => {
             server
                 .patch(
                     Resource::Lease,
-                    "kube-system",
-                    "crr-proxy-standalone",
+                    "crr-proxy-system",
+                    "crr-proxy-claimer",
                     &lease,
                     false,
                 )
@@ -372,30 +377,30 @@ async fn a_node_holds_the_lease_only_as_itself() {
     let (denied, message) = create("a", "kube-system", "kube-controller-manager", "node-a").await;
     assert_eq!(denied, 403, "{message}");
     assert!(
-        message.contains("no Lease but kube-system/crr-proxy-standalone"),
+        message.contains("no Lease but crr-proxy-system/crr-proxy-claimer"),
         "{message}"
     );
     assert_eq!(
-        create("a", "default", "crr-proxy-standalone", "node-a")
+        create("a", "default", "crr-proxy-claimer", "node-a")
             .await
             .0,
         403
     );
     assert_eq!(
-        create("a", "kube-system", "crr-proxy-standalone", "node-b")
+        create("a", "crr-proxy-system", "crr-proxy-claimer", "node-b")
             .await
             .0,
         403
     );
-    let made = create("a", "kube-system", "crr-proxy-standalone", "node-a").await;
+    let made = create("a", "crr-proxy-system", "crr-proxy-claimer", "node-a").await;
     assert_eq!(made.0, 200, "{}", made.1);
     let set_holder = |token: &'static str, holder: Value| {
-        let api = leases(token, "kube-system");
+        let api = leases(token, "crr-proxy-system");
         async move {
             let patch = json!({"spec": {"holderIdentity": holder}});
             code(
                 api.patch(
-                    "crr-proxy-standalone",
+                    "crr-proxy-claimer",
                     &PatchParams::default(),
                     &Patch::Merge(&patch),
                 )
@@ -412,4 +417,38 @@ async fn a_node_holds_the_lease_only_as_itself() {
     assert_eq!(set_holder("b", Value::Null).await.0, 200);
     // People and controllers are not matched.
     assert_eq!(set_holder("manager", json!("anyone")).await.0, 200);
+}
+
+/// `crr-proxy manifests` for another Lease: the policies then let a node
+/// write that Lease and no other (the default one included), and read that
+/// one to decide who may claim.
+#[tokio::test]
+async fn the_policies_rendered_for_another_lease_guard_that_lease() {
+    use crr_proxy::manifests::{LeaseRef, Overlay, render};
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::PostParams;
+    let other = LeaseRef::new("claim", "ops").unwrap();
+    let server = server_with(&render(Overlay::Kruise, &other)).await;
+    let create = |namespace: &str, name: &str| {
+        let api: Api<Lease> = Api::namespaced(server.client_as("a"), namespace);
+        let lease: Lease = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"holderIdentity": "node-a", "leaseDurationSeconds": 15}
+        }))
+        .unwrap();
+        async move { code(api.create(&PostParams::default(), &lease).await) }
+    };
+    let (denied, message) = create("crr-proxy-system", "crr-proxy-claimer").await;
+    assert_eq!(denied, 403, "{message}");
+    assert!(message.contains("no Lease but ops/claim"), "{message}");
+    let for_b = json!({"metadata": {"labels": {NODE_LABEL: "node-b"}}});
+    // No ops/claim yet: nobody holds it, so no claim.
+    assert_eq!(
+        patch_crr(&server, "a", "new", for_b.clone(), false).await.0,
+        403
+    );
+    let made = create("ops", "claim").await;
+    assert_eq!(made.0, 200, "{}", made.1);
+    // node-a holds ops/claim: it claims the new CRR for node-b.
+    assert_eq!(patch_crr(&server, "a", "new", for_b, false).await.0, 200);
 }

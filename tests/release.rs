@@ -169,7 +169,7 @@ fn the_release_artifacts_install_as_an_operator_installs_them() {
         "bin/crr-proxy",
         "scripts/install.sh",
         "systemd/crr-proxy.service",
-        "deploy/rbac-restart.yaml",
+        "deploy/base/rbac-restart.yaml",
         "LICENSE",
     ] {
         assert!(tree.join(file).is_file(), "{file} is not in the tarball");

@@ -8,9 +8,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// `_debian_mirror` of `scripts/lib/containerd2.sh` over an apt folder.
+/// `_debian_mirror` of `scripts/lib/sid.sh` over an apt folder.
 fn debian_mirror(apt: &Path, codename: &str) -> (bool, String) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/lib/containerd2.sh");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/lib/sid.sh");
     let out = Command::new("bash")
         .arg("-c")
         .arg(format!("source '{script}' && _debian_mirror \"$0\" \"$1\""))

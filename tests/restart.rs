@@ -25,9 +25,9 @@ use support::workloads::{self, DisruptionController, Workload};
 const NODE: &str = "node-a";
 const OPERATOR_TOKEN: &str = "operator-token";
 
-/// The rules of deploy/rbac-restart.yaml's ClusterRole.
+/// The rules of deploy/base/rbac-restart.yaml's ClusterRole.
 fn restart_role() -> Value {
-    let manifest = include_str!("../deploy/rbac-restart.yaml");
+    let manifest = include_str!("../deploy/base/rbac-restart.yaml");
     let role: Value = serde_saphyr::from_str(manifest).unwrap();
     assert_eq!(role["kind"], "ClusterRole");
     role["rules"].clone()
@@ -104,7 +104,7 @@ impl Node {
             ),
         )
         .unwrap();
-        // The operator may do what deploy/rbac-restart.yaml grants, no more.
+        // The operator may do what deploy/base/rbac-restart.yaml grants, no more.
         api.add_user(
             OPERATOR_TOKEN,
             support::policy::UserInfo {

@@ -1,4 +1,4 @@
-//! deploy/standalone-checks.yaml, as written, judged by a CEL interpreter in
+//! deploy/standalone/standalone-checks.yaml, as written, judged by a CEL interpreter in
 //! the fake API server: without OpenKruise's webhook, `kubectl apply` still
 //! refuses the CRRs the webhook refuses without a look at the Pod, with the
 //! webhook's own messages (those `crr::admission` gives, which its unit
@@ -31,7 +31,7 @@ fn webhook_says(crr: &ContainerRecreateRequest) -> Result<(), String> {
 #[tokio::test]
 async fn bad_crrs_are_refused_at_create_with_the_webhooks_messages() {
     let server = FakeApiServer::start().await;
-    server.add_policies(include_str!("../deploy/standalone-checks.yaml"));
+    server.add_policies(include_str!("../deploy/standalone/standalone-checks.yaml"));
     server.add_user(
         "jane",
         UserInfo {

@@ -1,5 +1,5 @@
 # The Python test peers (tests/peers/*.py): a virtualenv outside the git
-# tree with pinned grpcio, h2 and hpack from PyPI. Sourced by scripts/test.sh;
+# tree with pinned grpcio, h2, hpack and kubernetes-validate from PyPI. Sourced by scripts/test.sh;
 # `ensure_peers` exports CRR_TEST_PYTHON, which the Rust tests run the peers
 # with.
 #
@@ -18,6 +18,18 @@ CRR_PEERS_PINS=(
   h2==4.4.1
   hpack==4.2.0
   hyperframe==6.1.0
+  # kubernetes-validate: Kubernetes' own OpenAPI schemas (1.30 to 1.37),
+  # which tests/manifests.rs checks deploy/'s rendered objects against; and
+  # what it needs.
+  kubernetes-validate==1.37.0
+  attrs==26.1.0
+  importlib-resources==7.1.0
+  jsonschema==4.26.0
+  jsonschema-specifications==2025.9.1
+  packaging==26.4
+  PyYAML==6.0.4
+  referencing==0.37.0
+  rpds-py==2026.9.1
 )
 
 ensure_peers() {
@@ -58,7 +70,7 @@ ensure_peers() {
     echo "ensure_peers: pip install failed" >&2
     return 1
   }
-  "$venv/bin/python" -c 'import grpc, h2.connection, hpack, hyperframe' || {
+  "$venv/bin/python" -c 'import grpc, h2.connection, hpack, hyperframe, kubernetes_validate' || {
     echo "ensure_peers: the peers' modules do not import" >&2
     return 1
   }

@@ -5,7 +5,7 @@
 //! API server the same whatever the number of nodes.
 //!
 //! A claim is a merge patch of the node label conditional on the CRR's
-//! resourceVersion, and deploy/node-policy.yaml lets only the current
+//! resourceVersion, and deploy/base/node-policy.yaml lets only the current
 //! holder make it: a CRR is never claimed twice, nor by a node that lost
 //! the Lease. The node the CRR is claimed for accepts it (the rest of the
 //! webhook's checks, which need its runtime) as before.

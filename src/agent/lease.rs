@@ -15,7 +15,7 @@
 //!   Lease change, never by comparing the holder's `renewTime` with its own
 //!   wall clock (two nodes' clocks may disagree by more than a Lease lasts).
 //! - Every write is conditional on the Lease's resourceVersion, so two
-//!   nodes never both take it; deploy/node-policy.yaml lets only the
+//!   nodes never both take it; deploy/base/node-policy.yaml lets only the
 //!   current holderIdentity write unclaimed CRRs, so a holder that lost the
 //!   Lease without knowing it (a partition) cannot claim either.
 //! - On SIGTERM the holder gives the Lease up at once (no holder, duration
@@ -77,8 +77,8 @@ impl WallClock {
 impl Default for LeaseSettings {
     fn default() -> Self {
         Self {
-            name: "crr-proxy-standalone".into(),
-            namespace: "kube-system".into(),
+            name: crate::manifests::DEFAULT_LEASE_NAME.into(),
+            namespace: crate::manifests::DEFAULT_LEASE_NAMESPACE.into(),
             duration: Duration::from_secs(15),
             renew_period: Duration::from_secs(5),
             unanswered: UNANSWERED,

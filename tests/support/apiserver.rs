@@ -661,6 +661,9 @@ struct Inner {
     kruise_workloads: std::sync::atomic::AtomicBool,
     /// RBAC rules by user (`grant`).
     grants: Mutex<HashMap<String, Vec<Value>>>,
+    /// Namespaces made since the start (`add_namespace`), beside the
+    /// system ones and those of the objects a test seeded.
+    namespaces: Mutex<std::collections::HashSet<String>>,
     /// What each node's kubelet answers on `/configz` (`set_configz`).
     configz: Mutex<HashMap<String, Value>>,
 }
@@ -772,6 +775,7 @@ impl FakeApiServer {
             ratcheting: std::sync::atomic::AtomicBool::new(false),
             kruise_workloads: std::sync::atomic::AtomicBool::new(false),
             grants: Mutex::new(HashMap::new()),
+            namespaces: Mutex::new(std::collections::HashSet::new()),
             configz: Mutex::new(HashMap::new()),
         });
         let server = Self { url, inner };
@@ -802,11 +806,13 @@ impl FakeApiServer {
         server
     }
 
-    /// A server under deploy/node-policy.yaml, where `token` authenticates
-    /// as `node`'s crr-proxy identity.
+    /// A server under deploy/base/node-policy.yaml, with the standalone
+    /// Lease's namespace, where `token` authenticates as `node`'s crr-proxy
+    /// identity.
     pub async fn start_for_node(node: &str, token: &str) -> Self {
         let server = Self::start().await;
-        server.add_policies(include_str!("../../deploy/node-policy.yaml"));
+        server.add_policies(include_str!("../../deploy/base/node-policy.yaml"));
+        server.add_namespace(crr_proxy::manifests::DEFAULT_LEASE_NAMESPACE);
         server.add_user(token, UserInfo::node(node));
         server
     }
@@ -1170,6 +1176,40 @@ impl FakeApiServer {
     /// Authenticates `token` as `user`.
     pub fn add_user(&self, token: &str, user: UserInfo) {
         lock(&self.inner.users).insert(token.to_owned(), user);
+    }
+
+    /// A Namespace, as `kubectl apply -k deploy/standalone` makes
+    /// crr-proxy-system.
+    pub fn add_namespace(&self, name: &str) {
+        lock(&self.inner.namespaces).insert(name.to_owned());
+    }
+
+    /// NamespaceLifecycle: nothing is created in a namespace that does not
+    /// exist (kube-apiserver's plugin/pkg/admission/namespace/lifecycle/
+    /// admission.go, `Lifecycle.Admit`, answers NotFound for the
+    /// namespace). The namespaces kube-apiserver makes at start
+    /// (pkg/controlplane/controller/systemnamespaces) exist, as do those
+    /// added and those of the objects a test seeded.
+    fn admit_namespace(
+        &self,
+        store: &Store,
+        resource: Resource,
+        namespace: &str,
+    ) -> Result<(), ApiError> {
+        const SYSTEM: [&str; 4] = ["default", "kube-system", "kube-public", "kube-node-lease"];
+        let exists = !resource.namespaced()
+            || SYSTEM.contains(&namespace)
+            || lock(&self.inner.namespaces).contains(namespace)
+            || store.objects.keys().any(|(_, ns, _)| ns == namespace);
+        if exists {
+            Ok(())
+        } else {
+            Err(ApiError::new(
+                404,
+                "NotFound",
+                format!("namespaces {namespace:?} not found"),
+            ))
+        }
     }
 
     /// Installs the ValidatingAdmissionPolicies (with their bindings) of a
@@ -2071,6 +2111,7 @@ impl FakeApiServer {
                 let obj = view.store(&body);
                 let hooks = lock(&self.inner.admission).clone();
                 let dry_run = query.get("dryRun").map(String::as_str) == Some("All");
+                self.admit_namespace(&self.store(), resource, &ns)?;
                 self.create_with(resource, &ns, obj, &hooks, dry_run)
                     .and_then(|obj| ok(201, obj))
             }

@@ -115,14 +115,14 @@ impl Demo {
             Kubelet::start(&api, super::client(&endpoint), NODE, ctrd.scratch("logs")).await;
         // The agent is at work once it holds the standalone Lease.
         wait_for(Duration::from_secs(30), || {
-            api.get(Resource::Lease, "kube-system", "crr-proxy-standalone")
+            api.get(Resource::Lease, "crr-proxy-system", "crr-proxy-claimer")
                 .filter(|l| l["spec"]["holderIdentity"] == NODE)
         })
         .await
         .ok_or_else(|| {
             anyhow::anyhow!("crr-proxy did not take the Lease; see {}", log.display())
         })?;
-        // The operator: exactly what deploy/rbac-restart.yaml grants.
+        // The operator: exactly what deploy/base/rbac-restart.yaml grants.
         api.add_user(
             OPERATOR_TOKEN,
             super::policy::UserInfo {
@@ -130,7 +130,8 @@ impl Demo {
                 groups: vec!["system:authenticated".into()],
             },
         );
-        let role: Value = serde_saphyr::from_str(include_str!("../../deploy/rbac-restart.yaml"))?;
+        let role: Value =
+            serde_saphyr::from_str(include_str!("../../deploy/base/rbac-restart.yaml"))?;
         api.grant("operator", &role["rules"]);
         let kubeconfig = dir.join("kubeconfig");
         super::write_kubeconfig_as(&kubeconfig, &api.url, Some(OPERATOR_TOKEN));
