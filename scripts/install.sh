@@ -78,7 +78,10 @@ if $kubelet_only; then
     exit 1
   fi
   switch_kubelet
-  if ! $kubelet_touched; then
+  if $kubelet_unswitched; then
+    echo "install.sh: kubelet is not switched (see above)" >&2
+    exit 1
+  elif ! $kubelet_touched; then
     echo "kubelet already points at $socket; kubelet is not restarted"
   elif live_systemd; then
     systemctl restart kubelet.service
@@ -103,7 +106,7 @@ if [[ -n "$kubeconfig" ]]; then
 fi
 
 switch_kubelet
-if ! $kubelet_touched; then
+if ! $kubelet_touched && ! $kubelet_unswitched; then
   echo "kubelet already points at $socket; kubelet is not restarted"
 fi
 

@@ -778,3 +778,27 @@ fn an_install_made_with_the_old_backup_is_uninstalled_from_it() {
     );
     support::remove_socket_dir(&socket);
 }
+
+/// A node without a kubelet configuration: the install says what to set
+/// and never that kubelet already points at crr-proxy; `--kubelet-only`,
+/// which exists to switch kubelet, fails.
+#[test]
+fn without_a_kubelet_configuration_nothing_claims_kubelet_was_switched() {
+    let (socket, root) = node_with("no-kubelet", &[("etc/hostname", "node-a\n")]);
+    let said = install(&root, &[]);
+    assert!(
+        said.contains("no /var/lib/kubelet/config.yaml: set kubelet's"),
+        "{said}"
+    );
+    assert!(!said.contains("already points"), "{said}");
+    let out = Command::new("bash")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/install.sh"))
+        .arg("--kubelet-only")
+        .env("DESTDIR", &root)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("kubelet is not switched"), "{stderr}");
+    support::remove_socket_dir(&socket);
+}

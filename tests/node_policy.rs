@@ -23,6 +23,9 @@ async fn server() -> FakeApiServer {
 async fn server_with(policies: &str) -> FakeApiServer {
     let server = FakeApiServer::start().await;
     server.add_policies(policies);
+    for namespace in [crr_proxy::manifests::DEFAULT_LEASE_NAMESPACE, "ops"] {
+        server.add_namespace(namespace);
+    }
     server.add_user("a", UserInfo::node("node-a"));
     server.add_user("b", UserInfo::node("node-b"));
     // A user outside crr-proxy:nodes (kruise-manager, a person).

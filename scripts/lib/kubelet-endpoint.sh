@@ -36,6 +36,8 @@ flag_files=(/var/lib/kubelet/kubeadm-flags.env /etc/default/kubelet /etc/sysconf
 instance_config=/var/lib/kubelet/instance-config.yaml
 dropin_name=99-crr-proxy.conf
 kubelet_touched=false
+# Set when a key had nowhere to go: no kubelet configuration file.
+kubelet_unswitched=false
 
 # Appends a row, replacing an earlier row for the same file and key (a
 # re-run after kubeadm undid a switch: the value seen now is the one to put
@@ -199,6 +201,7 @@ switch_kubelet() {
       if $touched; then kubelet_touched=true; fi
     else
       echo "no $kubelet_config: set kubelet's ${keys[*]} to $socket" >&2
+      kubelet_unswitched=true
     fi
   fi
 }
