@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh Debian machine: installs containerd, runc
 # and busybox-static when missing, fetches containerd 2.x and kustomize into
-# private folders and the Python test peers into a private virtualenv, then
+# private folders, a Debian root with systemd (debootstrap) for the systemd
+# test, and the Python test peers into a private virtualenv, then
 # checks formatting and lints and runs every test (unit, and integration
 # against a private real containerd), and the containerd tests once more on
 # 2.x.
@@ -11,10 +12,12 @@ source scripts/lib/deps.sh
 source scripts/lib/containerd2.sh
 source scripts/lib/peers.sh
 source scripts/lib/kustomize.sh
+source scripts/lib/nspawn.sh
 ensure_root
 ensure_packages
 ensure_containerd2
 ensure_kustomize
+ensure_nspawn_root
 ensure_peers
 
 cargo fmt --check
