@@ -127,17 +127,8 @@ impl Machine {
         self.dir.join("merged")
     }
 
-    /// `script` by /bin/sh inside the machine's namespaces, bounded.
     fn sh(&self, script: &str) -> Output {
-        Command::new("nsenter")
-            .arg(format!("--target={}", self.leader))
-            .args(["--mount", "--uts", "--ipc", "--net", "--pid", "--"])
-            .args(["timeout", "120", "/bin/sh", "-c", script])
-            .env_clear()
-            .env("PATH", PATH)
-            .env("LANG", "C.UTF-8")
-            .output()
-            .unwrap()
+        sh_in(self.leader, script)
     }
 
     /// `sh`, which must succeed; what it printed.
@@ -180,6 +171,20 @@ impl Drop for Machine {
         let _ = Command::new("umount").arg(self.merged()).status();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// `script` by /bin/sh inside the namespaces of the machine whose init is
+/// `leader`, bounded.
+fn sh_in(leader: u32, script: &str) -> Output {
+    Command::new("nsenter")
+        .arg(format!("--target={leader}"))
+        .args(["--mount", "--uts", "--ipc", "--net", "--pid", "--"])
+        .args(["timeout", "120", "/bin/sh", "-c", script])
+        .env_clear()
+        .env("PATH", PATH)
+        .env("LANG", "C.UTF-8")
+        .output()
+        .unwrap()
 }
 
 /// The first process whose parent is `parent`.
@@ -326,19 +331,7 @@ async fn the_release_installs_and_runs_under_a_real_systemd() {
         move || {
             for _ in 0..3 {
                 std::thread::sleep(Duration::from_millis(900));
-                let out = Command::new("nsenter")
-                    .arg(format!("--target={leader}"))
-                    .args([
-                        "--mount",
-                        "--pid",
-                        "--",
-                        "systemctl",
-                        "restart",
-                        "crr-proxy.service",
-                    ])
-                    .env("PATH", PATH)
-                    .output()
-                    .unwrap();
+                let out = sh_in(leader, "systemctl restart crr-proxy.service");
                 assert!(out.status.success(), "{}", text(&out));
             }
         }

@@ -20,25 +20,11 @@ _containerd2_ok() {
   [[ $version == 2.* ]]
 }
 
-# Downloads sid's containerd and unpacks it into $CRR_TEST_CACHE; prints the
-# new folder.
-_containerd2_download() {
-  sid_unpack containerd _containerd2_ok
-}
-
 # Exports CRR_TEST_CONTAINERD2: the folder with containerd 2.x's containerd,
 # containerd-shim-runc-v2 and ctr. Uses the newest unpacked version in the
 # cache without touching the network; downloads only when there is none.
 ensure_containerd2() {
-  local dir="" candidate
-  while read -r candidate; do
-    if _containerd2_ok "$candidate"; then
-      dir="$candidate"
-    fi
-  done < <(find "$CRR_TEST_CACHE" -mindepth 1 -maxdepth 1 -type d -name 'containerd-2.*' 2>/dev/null | sort -V)
-  if [[ -z $dir ]]; then
-    dir="$(_containerd2_download)"
-  fi
-  _containerd2_ok "$dir" || { echo "containerd2: no containerd 2.x in $dir" >&2; return 1; }
+  local dir
+  dir="$(sid_cached containerd 'containerd-2.*' _containerd2_ok)" || return 1
   export CRR_TEST_CONTAINERD2="$dir/usr/bin"
 }

@@ -14,15 +14,7 @@ _kustomize_ok() {
 # Uses the newest unpacked kustomize in the cache without touching the
 # network; downloads only when there is none.
 ensure_kustomize() {
-  local dir="" candidate
-  while read -r candidate; do
-    if _kustomize_ok "$candidate"; then
-      dir="$candidate"
-    fi
-  done < <(find "$CRR_TEST_CACHE" -mindepth 1 -maxdepth 1 -type d -name 'kustomize-5.*' 2>/dev/null | sort -V)
-  if [[ -z $dir ]]; then
-    dir="$(sid_unpack kustomize _kustomize_ok)"
-  fi
-  _kustomize_ok "$dir" || { echo "kustomize: no working kustomize in $dir" >&2; return 1; }
+  local dir
+  dir="$(sid_cached kustomize 'kustomize-5.*' _kustomize_ok)" || return 1
   export CRR_TEST_KUSTOMIZE="$dir/usr/bin/kustomize"
 }

@@ -88,3 +88,20 @@ sid_unpack() (
   mv -T "$part" "$dest"
   echo "$dest"
 )
+
+# Prints the newest folder $CRR_TEST_CACHE/$2 (a glob) that $3 (as for
+# sid_unpack) finds working, without touching the network; downloads and
+# unpacks sid's package $1 only when there is none.
+sid_cached() {
+  local package="$1" glob="$2" works="$3" dir="" candidate
+  while read -r candidate; do
+    if "$works" "$candidate"; then
+      dir="$candidate"
+    fi
+  done < <(find "$CRR_TEST_CACHE" -mindepth 1 -maxdepth 1 -type d -name "$glob" 2>/dev/null | sort -V)
+  if [[ -z $dir ]]; then
+    dir="$(sid_unpack "$package" "$works")" || return 1
+  fi
+  "$works" "$dir" || { echo "sid: no working $package in $dir" >&2; return 1; }
+  echo "$dir"
+}
