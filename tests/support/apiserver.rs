@@ -492,7 +492,7 @@ fn parse_labels(text: &str) -> Result<Vec<Requirement>, String> {
                     .strip_prefix('(')
                     .and_then(|v| v.strip_suffix(')'))
                     .map(|v| v.split(',').map(|v| v.trim().to_owned()).collect::<Vec<_>>())
-                    .ok_or_else(|| format!("found '{rest}', expected: '('"));
+                    .ok_or_else(|| invalid(&format!("found '{rest}', expected: '('")));
                 Some((key.trim().to_owned(), values))
             };
             let requirement = if let Some((key, values)) = set(" notin ") {
@@ -786,6 +786,12 @@ impl FakeApiServer {
                     // Unreachable: the connection is dropped at once.
                     continue;
                 }
+                // kube-apiserver is a Go server, and Go turns Nagle's
+                // algorithm off on every TCP connection (`src/net/tcpsock.go`,
+                // `newTCPConn`: `setNoDelay(fd, true)`). With it on, a watch
+                // event written while the last one is unacknowledged waited
+                // for the client's delayed ACK (40 ms on Linux).
+                let _ = stream.set_nodelay(true);
                 let handle = handle.clone();
                 tokio::spawn(async move {
                     let mut reset = handle.inner.reset.subscribe();

@@ -5,7 +5,9 @@
 //! container that exited (attempt + 1) as its restartPolicy says, held back
 //! by kubelet's CrashLoopBackOff. A Pod deleted gracefully has its
 //! containers stopped before the object goes. Every second it also sends the PLEG
-//! relist's CRI calls, which reach the runtime through crr-proxy when the
+//! relist's CRI calls (GetPodStatus's for a Pod whose containers changed),
+//! and once a minute it removes dead containers as kubelet's garbage
+//! collection does; these reach the runtime through crr-proxy when the
 //! role is given crr-proxy's socket.
 //!
 //! Faster than kubelet in one respect only: an exit is seen within 100 ms
@@ -21,7 +23,7 @@ use crr_proxy::cri::RuntimeClient;
 use crr_proxy::cri::v1::{
     ContainerFilter, ContainerState, ContainerStatusRequest, ListContainersRequest,
     ListPodSandboxRequest, PodSandboxConfig, PodSandboxFilter, PodSandboxStatusRequest,
-    StopContainerRequest, StopPodSandboxRequest,
+    RemoveContainerRequest, StopContainerRequest, StopPodSandboxRequest,
 };
 use crr_proxy::kill::keys;
 use serde_json::{Value, json};
@@ -282,11 +284,15 @@ impl Kubelet {
             let rules = Arc::clone(&rules);
             async move {
                 let mut tick = 0u64;
+                let mut records = Records::new();
                 loop {
                     {
                         let mut pods = pods.lock().await;
                         if tick % 10 == 0 {
-                            relist(&cri, &pods).await;
+                            relist(&cri, &pods, &mut records).await;
+                        }
+                        if tick % 600 == 599 {
+                            collect_dead_containers(&cri, &pods).await;
                         }
                         let backoff = *backoff.lock().unwrap_or_else(|p| p.into_inner());
                         let mut gone = Vec::new();
@@ -615,46 +621,129 @@ async fn terminate_if_deleted(api: &FakeApiServer, cri: &RuntimeClient, pod: &Po
     api.get(Resource::Pod, NAMESPACE, &pod.spec.name).is_none()
 }
 
-/// The generic PLEG's relist and each Pod's GetPodStatus, as kubelet sends
-/// them every second; the answers are not needed here.
-async fn relist(cri: &RuntimeClient, pods: &[PodRun]) {
+/// What the last relist saw: each container's state and Pod UID by id, as
+/// generic PLEG's podRecords keep them.
+type Records = HashMap<String, (i32, String)>;
+
+/// The generic PLEG's relist, as kubelet sends it every second: both full
+/// lists, then GetPodStatus only for a Pod with an event (a container
+/// appeared, changed state or went away) since the last relist
+/// (`pkg/kubelet/pleg/generic.go`, `(*GenericPLEG).Relist`: "Nothing else
+/// needed for this pod"). The answers are not needed here.
+async fn relist(cri: &RuntimeClient, pods: &[PodRun], records: &mut Records) {
     let mut cri = cri.clone();
     let _ = cri.list_pod_sandbox(ListPodSandboxRequest::default()).await;
-    let _ = cri.list_containers(ListContainersRequest::default()).await;
-    for pod in pods {
-        let by_uid = HashMap::from([(keys::POD_UID.to_owned(), pod.uid.clone())]);
+    let Ok(listed) = cri.list_containers(ListContainersRequest::default()).await else {
+        return;
+    };
+    let mut now = Records::new();
+    for container in listed.into_inner().containers {
+        let uid = container
+            .labels
+            .get(keys::POD_UID)
+            .cloned()
+            .unwrap_or_default();
+        now.insert(container.id, (container.state, uid));
+    }
+    // Appeared, changed state, or went away: an event of its Pod.
+    let mut changed = std::collections::HashSet::new();
+    for (id, (state, uid)) in &now {
+        if records.get(id).map(|(old, _)| old) != Some(state) {
+            changed.insert(uid.clone());
+        }
+    }
+    for (id, (_, uid)) in records.iter() {
+        if !now.contains_key(id) {
+            changed.insert(uid.clone());
+        }
+    }
+    *records = now;
+    for pod in pods.iter().filter(|p| changed.contains(&p.uid)) {
+        get_pod_status(&mut cri, pod).await;
+    }
+}
+
+/// kubeGenericRuntimeManager.GetPodStatus's calls for one Pod.
+async fn get_pod_status(cri: &mut RuntimeClient, pod: &PodRun) {
+    let by_uid = HashMap::from([(keys::POD_UID.to_owned(), pod.uid.clone())]);
+    let _ = cri
+        .list_pod_sandbox(ListPodSandboxRequest {
+            filter: Some(PodSandboxFilter {
+                label_selector: by_uid.clone(),
+                ..Default::default()
+            }),
+        })
+        .await;
+    let _ = cri
+        .pod_sandbox_status(PodSandboxStatusRequest {
+            pod_sandbox_id: pod.sandbox_id.clone(),
+            verbose: false,
+        })
+        .await;
+    let listed = cri
+        .list_containers(ListContainersRequest {
+            filter: Some(ContainerFilter {
+                label_selector: by_uid,
+                ..Default::default()
+            }),
+        })
+        .await;
+    for container in listed
+        .map(|l| l.into_inner().containers)
+        .unwrap_or_default()
+    {
         let _ = cri
-            .list_pod_sandbox(ListPodSandboxRequest {
-                filter: Some(PodSandboxFilter {
-                    label_selector: by_uid.clone(),
-                    ..Default::default()
-                }),
-            })
-            .await;
-        let _ = cri
-            .pod_sandbox_status(PodSandboxStatusRequest {
-                pod_sandbox_id: pod.sandbox_id.clone(),
+            .container_status(ContainerStatusRequest {
+                container_id: container.id,
                 verbose: false,
             })
             .await;
+    }
+}
+
+/// kubelet's container garbage collection, once a minute
+/// (`ContainerGCPeriod`, `pkg/kubelet/kubelet.go`) with its default policy
+/// (`MinAge` 0, `MaxPerPodContainer` 1, `MaxContainers` -1, from the
+/// deprecated flags' defaults in `cmd/kubelet/app/options/options.go`):
+/// of each Pod's dead containers of one name, all but the newest are
+/// removed (`pkg/kubelet/kuberuntime/kuberuntime_gc.go`,
+/// `evictableContainers` and `removeOldestN`). Running ones are never
+/// evictable.
+async fn collect_dead_containers(cri: &RuntimeClient, pods: &[PodRun]) {
+    let mut cri = cri.clone();
+    for pod in pods {
         let listed = cri
             .list_containers(ListContainersRequest {
                 filter: Some(ContainerFilter {
-                    label_selector: by_uid,
+                    label_selector: HashMap::from([(keys::POD_UID.to_owned(), pod.uid.clone())]),
                     ..Default::default()
                 }),
             })
             .await;
+        let mut dead: HashMap<String, Vec<(i64, String)>> = HashMap::new();
         for container in listed
             .map(|l| l.into_inner().containers)
             .unwrap_or_default()
         {
-            let _ = cri
-                .container_status(ContainerStatusRequest {
-                    container_id: container.id,
-                    verbose: false,
-                })
-                .await;
+            if container.state() == ContainerState::ContainerRunning {
+                continue;
+            }
+            let name = container
+                .labels
+                .get(keys::CONTAINER_NAME)
+                .cloned()
+                .unwrap_or_default();
+            dead.entry(name)
+                .or_default()
+                .push((container.created_at, container.id));
+        }
+        for mut group in dead.into_values() {
+            group.sort_by_key(|c| std::cmp::Reverse(c.0));
+            for (_, id) in group.into_iter().skip(1) {
+                let _ = cri
+                    .remove_container(RemoveContainerRequest { container_id: id })
+                    .await;
+            }
         }
     }
 }
