@@ -46,16 +46,24 @@ pub struct RestartArgs {
     /// What to restart: a Pod (`web-0`), or every Pod of a workload in
     /// waves (`deployment/web`, `sts/db`, `ds/agent`, `rs/web-5d8f`,
     /// `cloneset/shop`, `asts/db`).
-    #[arg(value_name = "POD|KIND/NAME", value_parser = parse_target)]
-    pub target: crate::restart::target::Target,
-
-    /// The containers to restart, in order: `-c app,sidecar` or `-c app -c sidecar`.
     #[arg(
-        short = 'c',
-        long = "container",
-        value_delimiter = ',',
-        required = true
+        value_name = "POD|KIND/NAME",
+        value_parser = parse_target,
+        required_unless_present = "selector"
     )]
+    pub target: Option<crate::restart::target::Target>,
+
+    /// Instead of a Pod or a workload: the Pods of the namespace this label
+    /// selector matches (`-l app=web`, `-l 'tier in (web,api)'`), in waves
+    /// as a workload's.
+    #[arg(short = 'l', long, value_name = "SELECTOR", conflicts_with = "target")]
+    pub selector: Option<String>,
+
+    /// The containers to restart, in order: `-c app,sidecar` or `-c app -c
+    /// sidecar` [default: the Pod's default container: the one its
+    /// kubectl.kubernetes.io/default-container annotation names, or its only
+    /// container]
+    #[arg(short = 'c', long = "container", value_delimiter = ',')]
     pub containers: Vec<String>,
 
     /// One container at a time, each Ready before the next (orderedRecreate).
@@ -177,9 +185,13 @@ impl RestartArgs {
         use crate::restart::target::Target;
         use crate::restart::{Cluster, DryRun, Options, Output, WaveOptions, request::Request};
         let seconds = |s: &Option<Seconds>| s.map(|s| s.0);
-        let workload = matches!(self.target, Target::Workload(..));
+        // clap holds one of the two (required_unless_present, conflicts_with).
+        let target = match (&self.target, &self.selector) {
+            (Some(target), _) => target.clone(),
+            (None, selector) => Target::Selector(selector.clone().unwrap_or_default()),
+        };
+        let workload = !matches!(target, Target::Pod(_));
         Options {
-            target: self.target.clone(),
             waves: WaveOptions {
                 max_unavailable: self.max_unavailable,
                 continue_on_failure: self.continue_on_failure,
@@ -188,9 +200,9 @@ impl RestartArgs {
             live,
             timeout: seconds(&self.timeout),
             request: Request {
-                pod: match &self.target {
+                pod: match &target {
                     Target::Pod(name) => name.clone(),
-                    Target::Workload(..) => String::new(),
+                    Target::Workload(..) | Target::Selector(_) => String::new(),
                 },
                 containers: self.containers.clone(),
                 ordered: self.ordered,
@@ -226,6 +238,7 @@ impl RestartArgs {
                 DryRunArg::Client => DryRun::Client,
                 DryRunArg::Server => DryRun::Server,
             },
+            target,
         }
     }
 }

@@ -112,8 +112,8 @@ pub enum RestartError {
     },
     #[error("{0} is not served by this cluster (is OpenKruise installed?)")]
     NotServed(Kind),
-    #[error("{kind}/{name} has no Pods to restart")]
-    NoPods { kind: Kind, name: String },
+    #[error("{0} has no Pods to restart")]
+    NoPods(String),
     #[error("run {run} restarted Pods of another workload, not {target}")]
     OtherRun { run: String, target: String },
     #[error("{0}")]
@@ -152,8 +152,8 @@ pub async fn run(
     let run = async {
         match &options.target {
             Target::Pod(pod) => one_pod(options, &at, pod, out, progress).await,
-            Target::Workload(kind, name) => {
-                workload::run(options, &at, *kind, name, out, progress).await
+            Target::Workload(..) | Target::Selector(_) => {
+                workload::run(options, &at, &options.target, out, progress).await
             }
         }
     };
@@ -213,6 +213,9 @@ async fn one_pod(
     let say = |progress: &mut (dyn Write + Send), text: &str| {
         writeln!(progress, "{text}").map_err(RestartError::Output)
     };
+    if let Some(notice) = request.defaulted_notice(&pod) {
+        say(progress, &notice)?;
+    }
     if options.dry_run == DryRun::Client {
         say(
             progress,

@@ -291,7 +291,14 @@ async fn bad_input_gives_a_clear_error_and_creates_nothing() {
             2,
             "invalid value '1.5s' for '--ttl",
         ),
-        (&["web"], 2, "required arguments were not provided"),
+        (&[], 2, "required arguments were not provided"),
+        (
+            &["web"],
+            1,
+            "error: pod web has containers app, sidecar and no kubectl.kubernetes.io/default-container",
+        ),
+        (&["web", "-l", "app=web"], 2, "cannot be used with"),
+        (&["-l", " ", "-c", "app"], 1, "error: -l needs a selector"),
         (
             &["web", "-c", "app", "--max-unavailable", "2"],
             1,
@@ -1207,4 +1214,115 @@ async fn the_restart_reason_is_recorded_before_the_container_stops() {
         pod["status"]["containerStatuses"][0]["lastState"]["terminated"]["reason"],
         "ContainerRecreateRequest"
     );
+}
+
+/// Without `-c`, the Pod's default container, as kubectl picks it: the
+/// only one, or the one `kubectl.kubernetes.io/default-container` names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_a_container_named_the_pods_default_container_is_restarted() {
+    let node = Node::start().await;
+    node.kubelet
+        .run_pod(PodSpec::new("solo", vec![ContainerSpec::graceful("app")]))
+        .await;
+    let mut annotated = two_containers("web");
+    annotated.metadata =
+        json!({"annotations": {"kubectl.kubernetes.io/default-container": "sidecar"}});
+    node.kubelet.run_pod(annotated).await;
+    node.kubelet.run_pod(two_containers("plain")).await;
+
+    let run = node.restart(&["solo", "--wait"]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(restarts(&node.pod("solo"), "app"), 1);
+
+    let run = node.restart(&["web", "--wait"]).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    let pod = node.pod("web");
+    assert_eq!((restarts(&pod, "app"), restarts(&pod, "sidecar")), (0, 1));
+
+    let run = node.restart(&["plain", "--wait"]).await;
+    assert_eq!(run.code, 1, "{run:?}");
+    assert!(
+        run.stderr.contains(
+            "error: pod plain has containers app, sidecar and no \
+             kubectl.kubernetes.io/default-container annotation: name the ones to restart with -c"
+        ),
+        "{run:?}"
+    );
+    let for_plain = node
+        .crrs("default")
+        .into_iter()
+        .filter(|c| c["spec"]["podName"] == "plain")
+        .count();
+    assert_eq!(for_plain, 0, "nothing is created for a guess");
+}
+
+/// `-l` walks the Pods a selector matches, whoever owns them, in waves as
+/// a workload's; Pods it does not match are left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_pods_a_selector_matches_are_restarted_in_waves() {
+    let node = Node::start().await;
+    let web = node.deployment("web", 3, slow_ready).await;
+    let mut bare = slow_ready("loose");
+    bare.metadata = json!({"labels": {"app": "web", "tier": "edge"}});
+    node.kubelet.run_pod(bare).await;
+    let mut other = slow_ready("other");
+    other.metadata = json!({"labels": {"app": "db"}});
+    node.kubelet.run_pod(other).await;
+
+    let run = node
+        .restart(&["-l", "app in (web),tier!=core", "--max-unavailable", "2"])
+        .await;
+    eprintln!("{}", run.stdout);
+    assert_eq!(run.code, 0, "{run:?}");
+    let out = &run.stdout;
+    assert!(
+        out.contains(
+            "restarting app in 4 Pods of pods -l app in (web),tier!=core, at most 2 at a time"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("pods -l app in (web),tier!=core: 4 restarted, 0 skipped, 0 failed in "),
+        "{out}"
+    );
+    assert_eq!(node.restart_counts(&web.pods), vec![1; 3]);
+    assert_eq!(restarts(&node.pod("loose"), "app"), 1);
+    assert_eq!(restarts(&node.pod("other"), "app"), 0);
+    let crrs = node.crrs("default");
+    assert_eq!(crrs.len(), 4);
+    let uid = &crrs[0]["metadata"]["labels"]["crr-proxy.io/workload-uid"];
+    assert!(uid.as_str().unwrap().starts_with("selector-"), "{uid}");
+    assert!(
+        crrs.iter()
+            .all(|c| &c["metadata"]["labels"]["crr-proxy.io/workload-uid"] == uid)
+    );
+
+    // The same run id with another selector is another set: refused.
+    let run_id = crrs[0]["metadata"]["labels"]["crr-proxy.io/run"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let again = node.restart(&["-l", "app=web", "--run-id", &run_id]).await;
+    assert_eq!(again.code, 1, "{again:?}");
+    assert!(
+        again
+            .stderr
+            .contains("restarted Pods of another workload, not pods -l app=web"),
+        "{again:?}"
+    );
+    // A bad selector gets the API server's own message; none is refused.
+    let bad = node.restart(&["-l", "app in web"]).await;
+    assert_eq!(bad.code, 1, "{bad:?}");
+    assert!(
+        bad.stderr.contains("unable to parse requirement"),
+        "{bad:?}"
+    );
+    let none = node.restart(&["-l", "app=nothing"]).await;
+    assert_eq!(none.code, 1, "{none:?}");
+    assert!(
+        none.stderr
+            .contains("error: pods -l app=nothing has no Pods to restart"),
+        "{none:?}"
+    );
+    assert_eq!(node.crrs("default").len(), 4, "nothing more was created");
 }

@@ -11,6 +11,10 @@ use crate::crr::{
     ContainerRecreateRequestStrategy, FailurePolicy,
 };
 
+/// The Pod annotation that names the container a command means when it
+/// names none (kubectl's, KEP-2227).
+pub const DEFAULT_CONTAINER: &str = "kubectl.kubernetes.io/default-container";
+
 /// The label on every CRR the tool creates, so that it can find its own.
 pub const CREATED_BY: &str = "crr-proxy.io/created-by";
 pub const TOOL: &str = "kubectl-crr";
@@ -19,6 +23,7 @@ pub const TOOL: &str = "kubectl-crr";
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Request {
     pub pod: String,
+    /// Empty: the Pod's default container (see [`Request::containers_for`]).
     pub containers: Vec<String>,
     pub ordered: bool,
     pub force: bool,
@@ -46,8 +51,10 @@ pub fn suffix(seed: u64, len: usize) -> String {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum RequestError {
-    #[error("name at least one container (-c app[,sidecar])")]
-    NoContainer,
+    #[error(
+        "pod {pod} has containers {has} and no {DEFAULT_CONTAINER} annotation: name the ones to restart with -c"
+    )]
+    NoDefaultContainer { pod: String, has: String },
     #[error("container {0} is named twice")]
     Twice(String),
     #[error("--{flag} must be whole seconds, got {given:?}")]
@@ -69,8 +76,9 @@ pub enum RequestError {
 impl Request {
     /// The CRR to create for `pod` (read just before), named `name`.
     pub fn crr(&self, pod: &Pod, api_version: &str, name: &str) -> Result<Value, RequestError> {
-        let spec = self.spec()?;
-        self.check_pod(pod)?;
+        let containers = self.containers_for(pod)?;
+        let spec = self.spec(&containers)?;
+        self.check_pod(pod, &containers)?;
         Ok(json!({
             "apiVersion": api_version,
             "kind": "ContainerRecreateRequest",
@@ -86,12 +94,58 @@ impl Request {
         format!("{}-restart-{}", self.pod, suffix(seed, 5))
     }
 
-    fn spec(&self) -> Result<ContainerRecreateRequestSpec, RequestError> {
-        if self.containers.is_empty() {
-            return Err(RequestError::NoContainer);
+    /// The containers named, or else the Pod's default container, as kubectl
+    /// picks it: the one its `kubectl.kubernetes.io/default-container`
+    /// annotation names, or its only regular container. Where kubectl would take the
+    /// first of several and say so, a restart is refused instead: it stops a
+    /// container, and a guess is no way to choose which.
+    pub fn containers_for(&self, pod: &Pod) -> Result<Vec<String>, RequestError> {
+        if !self.containers.is_empty() {
+            return Ok(self.containers.clone());
         }
-        for (i, name) in self.containers.iter().enumerate() {
-            if self.containers[..i].contains(name) {
+        let names = restartable(pod);
+        let annotated = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(DEFAULT_CONTAINER))
+            .filter(|name| names.contains(&name.as_str()));
+        if let Some(name) = annotated {
+            return Ok(vec![name.clone()]);
+        }
+        let regular = pod
+            .spec
+            .as_ref()
+            .map(|s| s.containers.as_slice())
+            .unwrap_or_default();
+        // Native sidecars do not count: a Pod of one container and its
+        // sidecars defaults to that container, as kubectl's does.
+        match regular {
+            [only] => Ok(vec![only.name.clone()]),
+            _ => Err(RequestError::NoDefaultContainer {
+                pod: self.pod.clone(),
+                has: names.join(", "),
+            }),
+        }
+    }
+
+    /// kubectl's notice when it defaulted to one container of several (here:
+    /// the only regular container beside native sidecars).
+    pub fn defaulted_notice(&self, pod: &Pod) -> Option<String> {
+        let names = restartable(pod);
+        let chosen = self.containers_for(pod).ok()?;
+        (self.containers.is_empty() && names.len() > 1).then(|| {
+            format!(
+                "Defaulted container {:?} out of: {}",
+                chosen.join(","),
+                names.join(", ")
+            )
+        })
+    }
+
+    fn spec(&self, containers: &[String]) -> Result<ContainerRecreateRequestSpec, RequestError> {
+        for (i, name) in containers.iter().enumerate() {
+            if containers[..i].contains(name) {
                 return Err(RequestError::Twice(name.clone()));
             }
         }
@@ -102,8 +156,7 @@ impl Request {
         let min_started = seconds("min-started", self.min_started)?.unwrap_or(0);
         Ok(ContainerRecreateRequestSpec {
             pod_name: self.pod.clone(),
-            containers: self
-                .containers
+            containers: containers
                 .iter()
                 .map(|name| ContainerRecreateRequestContainer {
                     name: name.clone(),
@@ -126,17 +179,9 @@ impl Request {
 
     /// What can be told from the Pod alone: each container exists, and
     /// the Pod runs.
-    fn check_pod(&self, pod: &Pod) -> Result<(), RequestError> {
-        let spec = pod.spec.clone().unwrap_or_default();
-        // Regular containers and native sidecars; other init containers
-        // have ended.
-        let sidecars = spec.init_containers.iter().flatten();
-        let names: Vec<&str> = sidecars
-            .filter(|c| crate::restart_rules::is_sidecar(c))
-            .chain(&spec.containers)
-            .map(|c| c.name.as_str())
-            .collect();
-        for container in &self.containers {
+    fn check_pod(&self, pod: &Pod, containers: &[String]) -> Result<(), RequestError> {
+        let names = restartable(pod);
+        for container in containers {
             if !names.contains(&container.as_str()) {
                 return Err(RequestError::NoSuchContainer {
                     pod: self.pod.clone(),
@@ -152,11 +197,26 @@ impl Request {
         if finished || pod.metadata.deletion_timestamp.is_some() {
             return Err(RequestError::Inactive(self.pod.clone()));
         }
-        if spec.node_name.as_deref().unwrap_or_default().is_empty() {
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+        if node.unwrap_or_default().is_empty() {
             return Err(RequestError::Pending(self.pod.clone()));
         }
         Ok(())
     }
+}
+
+/// The names of the containers a CRR can restart: native sidecars and
+/// regular containers (other init containers have ended).
+fn restartable(pod: &Pod) -> Vec<&str> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Vec::new();
+    };
+    let sidecars = spec.init_containers.iter().flatten();
+    sidecars
+        .filter(|c| crate::restart_rules::is_sidecar(c))
+        .chain(&spec.containers)
+        .map(|c| c.name.as_str())
+        .collect()
 }
 
 /// `given` in whole seconds.
@@ -243,7 +303,8 @@ mod tests {
         let refused = |request: Request| request.crr(&pod, "v", "n").unwrap_err().to_string();
         assert_eq!(
             refused(request(&[])),
-            "name at least one container (-c app[,sidecar])"
+            "pod web-0 has containers app, sidecar and no \
+             kubectl.kubernetes.io/default-container annotation: name the ones to restart with -c"
         );
         assert_eq!(
             refused(request(&["app", "app"])),
@@ -279,5 +340,85 @@ mod tests {
             request(&["app"]).crr(&done, "v", "n").unwrap_err(),
             RequestError::Inactive("web-0".into())
         );
+    }
+
+    /// A Pod of the given regular containers, native sidecars and
+    /// default-container annotation.
+    fn pod_of(containers: &[&str], sidecars: &[&str], default: Option<&str>) -> Pod {
+        let named = |n: &&str| json!({"name": n});
+        let sidecar = |n: &&str| json!({"name": n, "restartPolicy": "Always"});
+        let mut pod = json!({
+            "metadata": {"name": "web-0"},
+            "spec": {"nodeName": "node-a",
+                     "containers": containers.iter().map(named).collect::<Vec<_>>(),
+                     "initContainers": sidecars.iter().map(sidecar).chain([json!({"name": "setup"})])
+                         .collect::<Vec<_>>()},
+            "status": {"phase": "Running"},
+        });
+        if let Some(default) = default {
+            pod["metadata"]["annotations"] = json!({DEFAULT_CONTAINER: default});
+        }
+        serde_json::from_value(pod).unwrap()
+    }
+
+    fn defaulted(pod: &Pod) -> Result<Vec<String>, RequestError> {
+        let crr = request(&[]).crr(pod, "v", "n")?;
+        Ok(crr["spec"]["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap().to_owned())
+            .collect())
+    }
+
+    #[test]
+    fn without_a_container_named_the_pods_default_container_is_restarted() {
+        // The only container, with or without native sidecars beside it.
+        assert_eq!(defaulted(&pod_of(&["app"], &[], None)).unwrap(), ["app"]);
+        assert_eq!(
+            defaulted(&pod_of(&["app"], &["mesh"], None)).unwrap(),
+            ["app"]
+        );
+        // The annotation wins, and may name a sidecar.
+        assert_eq!(
+            defaulted(&pod_of(&["app", "log"], &[], Some("log"))).unwrap(),
+            ["log"]
+        );
+        assert_eq!(
+            defaulted(&pod_of(&["app"], &["mesh"], Some("mesh"))).unwrap(),
+            ["mesh"]
+        );
+        // Several and no annotation (or one naming no such container, or
+        // an ended init container): refused, not guessed.
+        for pod in [
+            pod_of(&["app", "log"], &[], None),
+            pod_of(&["app", "log"], &[], Some("gone")),
+            pod_of(&["app", "log"], &[], Some("setup")),
+        ] {
+            assert_eq!(
+                defaulted(&pod).unwrap_err(),
+                RequestError::NoDefaultContainer {
+                    pod: "web-0".into(),
+                    has: "app, log".into()
+                }
+            );
+        }
+        assert_eq!(
+            request(&[])
+                .defaulted_notice(&pod_of(&["app"], &["mesh"], None))
+                .unwrap(),
+            "Defaulted container \"app\" out of: mesh, app"
+        );
+        assert_eq!(
+            request(&[]).defaulted_notice(&pod_of(&["app"], &[], None)),
+            None
+        );
+        assert_eq!(
+            request(&["app"]).defaulted_notice(&pod_of(&["app"], &["mesh"], None)),
+            None
+        );
+        // Named containers are taken as named, annotation or not.
+        let named = request(&["app"]).crr(&pod_of(&["app", "log"], &[], Some("log")), "v", "n");
+        assert_eq!(named.unwrap()["spec"]["containers"][0]["name"], "app");
     }
 }

@@ -118,12 +118,17 @@ impl Seen {
         }
     }
 
-    /// The Pods whose controller is one of `owners` (UIDs).
-    pub fn owned_by<'a>(&'a self, owners: &'a HashSet<String>) -> impl Iterator<Item = &'a Pod> {
-        self.pods
-            .items
-            .values()
-            .filter(|p| controller(p.owner_references()).is_some_and(|o| owners.contains(o)))
+    /// The Pods seen whose controller is one of `owners` (`None`: every
+    /// Pod seen; the Pod watch is selected already).
+    pub fn owned_by<'a>(
+        &'a self,
+        owners: Option<&'a HashSet<String>>,
+    ) -> impl Iterator<Item = &'a Pod> {
+        self.pods.items.values().filter(move |p| {
+            owners.is_none_or(|owners| {
+                controller(p.owner_references()).is_some_and(|o| owners.contains(o))
+            })
+        })
     }
 
     /// The Pod's Events since `since` (Unix seconds).

@@ -1,6 +1,6 @@
-//! What `restart` is pointed at: a Pod (`web-0`, `pod/web-0`) or a workload
+//! What `restart` is pointed at: a Pod (`web-0`, `pod/web-0`), a workload
 //! (`deployment/web`, `sts/db`, `cloneset/shop`), spelled as kubectl
-//! spells resources.
+//! spells resources, or the Pods a label selector matches (`-l app=web`).
 
 use std::fmt;
 
@@ -8,6 +8,9 @@ use std::fmt;
 pub enum Target {
     Pod(String),
     Workload(Kind, String),
+    /// The Pods of the namespace that a label selector matches, walked as
+    /// a workload's are.
+    Selector(String),
 }
 
 /// The workloads whose Pods `restart` walks through.
@@ -147,6 +150,7 @@ impl fmt::Display for Target {
         match self {
             Target::Pod(name) => write!(f, "pod/{name}"),
             Target::Workload(kind, name) => write!(f, "{kind}/{name}"),
+            Target::Selector(selector) => write!(f, "pods -l {selector}"),
         }
     }
 }

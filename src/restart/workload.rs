@@ -25,7 +25,7 @@ use super::follow::{Outcome, Tracker};
 use super::request::{self, CREATED_BY, TOOL};
 use super::screen::Screen;
 use super::seen::{Seen, active, budgets_over, controller, ready, restarts};
-use super::target::Kind;
+use super::target::{Kind, Target};
 use super::waves::{Next, Progress, next_wave};
 use super::{Change, Changes, DryRun, Ended, Options, Output, Place, RestartError, print, seed};
 use crate::crr::{ContainerRecreateRequest, Phase};
@@ -35,23 +35,23 @@ pub const RUN: &str = "crr-proxy.io/run";
 /// The UID of the workload whose Pod the CRR restarts.
 pub const WORKLOAD_UID: &str = "crr-proxy.io/workload-uid";
 
-/// The workload, as found.
+/// The workload, as found, or the Pods a selector matches.
 struct Workload {
-    kind: Kind,
-    name: String,
+    target: String,
+    /// The workload's UID; for a selector, one made of the selector, so
+    /// that a resumed run knows its CRRs.
     uid: String,
     /// Its label selector, as a query.
     selector: String,
     /// The UIDs a Pod's controller reference may name: the workload's, and
-    /// a Deployment's ReplicaSets'.
-    owners: HashSet<String>,
+    /// a Deployment's ReplicaSets'; `None`: any Pod the selector matches.
+    owners: Option<HashSet<String>>,
 }
 
 pub async fn run(
     options: &Options,
     at: &Place,
-    kind: Kind,
-    name: &str,
+    target: &Target,
     out: &mut (dyn Write + Send),
     progress: &mut (dyn Write + Send),
 ) -> Result<Ended, RestartError> {
@@ -60,7 +60,11 @@ pub async fn run(
             "a workload is restarted in waves, each waiting for the one before: --no-wait applies to one Pod only",
         ));
     }
-    let workload = find(at, kind, name).await?;
+    let workload = match target {
+        Target::Workload(kind, name) => find(at, *kind, name).await?,
+        Target::Selector(selector) => selected(at, selector).await?,
+        Target::Pod(_) => return Err(RestartError::Usage("one Pod is not restarted in waves")),
+    };
     let run = options
         .waves
         .run_id
@@ -118,7 +122,7 @@ pub async fn run(
         if crr.labels().get(WORKLOAD_UID) != Some(&workload.uid) {
             return Err(RestartError::OtherRun {
                 run,
-                target: format!("{kind}/{name}"),
+                target: workload.target,
             });
         }
     }
@@ -213,12 +217,41 @@ async fn find(at: &Place, kind: Kind, name: &str) -> Result<Workload, RestartErr
         }
     }
     Ok(Workload {
-        kind,
-        name: name.to_owned(),
+        target: format!("{kind}/{name}"),
         uid,
         selector,
-        owners,
+        owners: Some(owners),
     })
+}
+
+/// The Pods `selector` matches, as one set to walk. The API server parses
+/// the selector: a list of one Pod has it refuse a bad one with its own
+/// message at once (a watch would only retry). An empty one would be every
+/// Pod of the namespace, and is refused here.
+async fn selected(at: &Place, selector: &str) -> Result<Workload, RestartError> {
+    if selector.trim().is_empty() {
+        return Err(RestartError::Usage(
+            "-l needs a selector (-l app=web): an empty one matches every Pod of the namespace",
+        ));
+    }
+    Api::<Pod>::namespaced(at.client.clone(), &at.namespace)
+        .list(&ListParams::default().labels(selector).limit(1))
+        .await?;
+    Ok(Workload {
+        target: Target::Selector(selector.to_owned()).to_string(),
+        uid: selector_uid(selector),
+        selector: selector.to_owned(),
+        owners: None,
+    })
+}
+
+/// A label value that stands for `selector` in the run's CRRs (FNV-1a,
+/// 64 bits): the same selector resumes the same run.
+fn selector_uid(selector: &str) -> String {
+    let hash = selector.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("selector-{hash:016x}")
 }
 
 /// A LabelSelector as `?labelSelector=` spells it.
@@ -281,9 +314,11 @@ struct Walk<'o> {
     options: &'o Options,
     run: String,
     target: String,
-    owners: HashSet<String>,
+    owners: Option<HashSet<String>>,
     workload_uid: String,
     api_version: String,
+    /// The containers restarted, as named or as the Pods default them.
+    containers: String,
     /// The Pods, in the order they are restarted, and where each stands.
     pods: Vec<(String, Step)>,
     max: usize,
@@ -307,20 +342,18 @@ impl<'o> Walk<'o> {
         run: &str,
         seen: &Seen,
     ) -> Result<Self, RestartError> {
-        let target = format!("{}/{}", workload.kind, workload.name);
+        let target = workload.target.clone();
         let mut names: Vec<&Pod> = seen
-            .owned_by(&workload.owners)
+            .owned_by(workload.owners.as_ref())
             .filter(|p| active(p))
             .collect();
         names.sort_by_key(|p| in_order(&p.name_any()));
         if names.is_empty() {
-            return Err(RestartError::NoPods {
-                kind: workload.kind,
-                name: workload.name.clone(),
-            });
+            return Err(RestartError::NoPods(target));
         }
         let api_version = at.crrs.version().api_resource().api_version;
         let mut pods = Vec::new();
+        let mut containers: Vec<String> = Vec::new();
         for pod in names {
             let name = pod.name_any();
             let mut request = options.request.clone();
@@ -328,6 +361,11 @@ impl<'o> Walk<'o> {
             // Bad input (a container the Pods do not have) ends the run
             // before anything is created.
             request.crr(pod, &api_version, "check")?;
+            for container in request.containers_for(pod)? {
+                if !containers.contains(&container) {
+                    containers.push(container);
+                }
+            }
             let step = resumed(seen, &name);
             pods.push((name, step));
         }
@@ -344,6 +382,7 @@ impl<'o> Walk<'o> {
             owners: workload.owners.clone(),
             workload_uid: workload.uid.clone(),
             api_version,
+            containers: containers.join(","),
             max: options.waves.max_unavailable.unwrap_or_default().of(total),
             pods,
             started: now,
@@ -360,11 +399,10 @@ impl<'o> Walk<'o> {
     }
 
     fn opening(&self) -> String {
-        let containers = self.options.request.containers.join(",");
         let skipped = self.progress.done;
         let mut line = format!(
-            "run {}: restarting {containers} in {} Pods of {}, at most {} at a time",
-            self.run, self.progress.total, self.target, self.max
+            "run {}: restarting {} in {} Pods of {}, at most {} at a time",
+            self.run, self.containers, self.progress.total, self.target, self.max
         );
         if skipped > 0 {
             line.push_str(&format!(" ({skipped} restarted by this run already)"));
@@ -446,7 +484,7 @@ impl<'o> Walk<'o> {
         if left.is_empty() {
             return Ok(());
         }
-        let owned: Vec<&Pod> = seen.owned_by(&self.owners).collect();
+        let owned: Vec<&Pod> = seen.owned_by(self.owners.as_ref()).collect();
         let unready = owned.iter().filter(|p| !ready(p)).count();
         let cached = budgets_over(seen.budgets.items.values(), &owned);
         let mut next = next_wave(self.max, unready, &cached, left.len());
