@@ -44,11 +44,11 @@ mod watches;
 use std::future::Future;
 use std::sync::Arc;
 
+use kube::ResourceExt;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Resource, ResourceExt};
 use tokio::sync::{Semaphore, watch};
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
@@ -56,7 +56,7 @@ use crate::config::AgentSettings;
 use crate::cri::Endpoint;
 use crate::cri::RuntimeClient;
 use crate::crr::client::{ApiVersion, CrrClient};
-use crate::crr::{ContainerRecreateRequest, Phase, labels};
+use crate::crr::{ContainerRecreateRequest, labels};
 use crate::kill::Killer;
 use crate::metrics::Metrics;
 use crate::reason::Recreated;
@@ -422,30 +422,6 @@ fn pod_key(crr: &ContainerRecreateRequest) -> PodKey {
     }
 }
 
-fn is_finished(crr: &ContainerRecreateRequest) -> bool {
-    crr.meta().deletion_timestamp.is_some()
-        || crr
-            .status
-            .as_ref()
-            .is_some_and(|s| s.completion_time.is_some())
-}
-
-/// Seconds until a finished CRR's `ttlSecondsAfterFinished` runs out (zero
-/// or less: due); `None` without a TTL or a completion time.
-fn ttl_left(crr: &ContainerRecreateRequest) -> Option<i64> {
-    let ttl = crr.spec.ttl_seconds_after_finished?;
-    let done = crr.status.as_ref()?.completion_time.as_ref()?;
-    let now = k8s_openapi::jiff::Timestamp::now().as_second();
-    Some(i64::from(ttl) - (now - done.0.as_second()))
-}
-
-fn phase(crr: &ContainerRecreateRequest) -> Phase {
-    crr.status
-        .as_ref()
-        .map(|s| s.phase.clone())
-        .unwrap_or_default()
-}
-
 /// The CRR version to use (`ApiVersion::discover`), asked again with the
 /// watches' back-off until the API server answers.
 async fn discover(client: &kube::Client) -> ApiVersion {
@@ -527,7 +503,7 @@ impl Agent {
             self.store
                 .state()
                 .iter()
-                .filter(|c| !is_finished(c))
+                .filter(|c| !c.is_finished())
                 .count(),
         );
         let hint = match self.manager.pass(&self.ctx, &self.store, key).await? {

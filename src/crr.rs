@@ -131,6 +131,32 @@ pub fn pre_recreate_grace(
 }
 
 impl ContainerRecreateRequest {
+    /// Ended (completed) or being deleted: nothing more is done for it.
+    pub fn is_finished(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
+            || self
+                .status
+                .as_ref()
+                .is_some_and(|s| s.completion_time.is_some())
+    }
+
+    /// Its phase (an empty status is `New`'s default).
+    pub fn phase(&self) -> Phase {
+        self.status
+            .as_ref()
+            .map(|s| s.phase.clone())
+            .unwrap_or_default()
+    }
+
+    /// Seconds from `now` (Unix seconds) until a finished CRR's
+    /// `ttlSecondsAfterFinished` runs out (zero or less: due); `None`
+    /// without a TTL or a completion time.
+    pub fn ttl_left(&self, now: i64) -> Option<i64> {
+        let ttl = self.spec.ttl_seconds_after_finished?;
+        let done = self.status.as_ref()?.completion_time.as_ref()?;
+        Some(i64::from(ttl) - (now - done.0.as_second()))
+    }
+
     /// When the Pod was made not ready for this CRR: the first
     /// `PreRecreateGrace` condition that is True (v1beta1), else the
     /// `unready-acquired` annotation (v1alpha1; empty is none). `Err` holds
@@ -588,6 +614,40 @@ mod tests {
             serde_json::to_string(&ContainerRecreateRequestStatus::default()).unwrap(),
             r#"{"phase":""}"#
         );
+    }
+
+    #[test]
+    fn a_crr_is_finished_once_completed_or_deleted_and_its_ttl_counts_from_completion() {
+        let crr = |status: serde_json::Value, deleting: bool| {
+            let mut object = serde_json::json!({
+                "apiVersion": "apps.kruise.io/v1alpha1", "kind": "ContainerRecreateRequest",
+                "metadata": {"name": "c", "namespace": "default"},
+                "spec": {"podName": "p", "containers": [{"name": "app"}], "ttlSecondsAfterFinished": 60},
+            });
+            if !status.is_null() {
+                object["status"] = status;
+            }
+            if deleting {
+                object["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z".into();
+            }
+            serde_json::from_value::<ContainerRecreateRequest>(object).unwrap()
+        };
+        let fresh = crr(serde_json::Value::Null, false);
+        assert!(!fresh.is_finished());
+        assert_eq!(fresh.phase(), Phase::New);
+        assert_eq!(fresh.ttl_left(0), None);
+        let completed = crr(
+            serde_json::json!({"phase": "Completed", "completionTime": "2026-01-01T00:00:00Z"}),
+            false,
+        );
+        assert!(completed.is_finished());
+        assert_eq!(completed.phase(), Phase::Completed);
+        let done_at = 1_767_225_600; // 2026-01-01T00:00:00Z
+        assert_eq!(completed.ttl_left(done_at + 45), Some(15));
+        assert_eq!(completed.ttl_left(done_at + 90), Some(-30));
+        let deleting = crr(serde_json::json!({"phase": "Recreating"}), true);
+        assert!(deleting.is_finished());
+        assert_eq!(deleting.phase(), Phase::Recreating);
     }
 
     #[test]

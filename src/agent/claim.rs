@@ -26,11 +26,11 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
+use super::AgentError;
 use super::backoff::WatchBackoff;
 use super::context::{self, Completion};
 use super::lease::Leadership;
 use super::queue::{Next, Queue};
-use super::{AgentError, is_finished};
 use crate::crr::client::CrrClient;
 use crate::crr::{ContainerRecreateRequest, Phase, UNANSWERED, admission, labels};
 use crate::metrics::Metrics;
@@ -235,7 +235,7 @@ impl Claimer {
         crr: &ContainerRecreateRequest,
         answers: &Queue<Key>,
     ) -> Result<Next, AgentError> {
-        if is_finished(crr) {
+        if crr.is_finished() {
             return self.expire(crr).await;
         }
         let namespace = crr.namespace().unwrap_or_default();
@@ -322,7 +322,7 @@ impl Claimer {
 
     /// Deletes a CRR ended here once its `ttlSecondsAfterFinished` passed.
     async fn expire(&self, crr: &ContainerRecreateRequest) -> Result<Next, AgentError> {
-        let Some(left) = super::ttl_left(crr) else {
+        let Some(left) = crr.ttl_left(k8s_openapi::jiff::Timestamp::now().as_second()) else {
             return Ok(Next::Done);
         };
         if crr.metadata.deletion_timestamp.is_some() {
@@ -342,5 +342,5 @@ impl Claimer {
 /// A claimed CRR its node has not taken up yet (kruise-manager's rule: no
 /// phase, and not finished).
 fn awaits_answer(crr: &ContainerRecreateRequest) -> bool {
-    !is_finished(crr) && super::phase(crr) == Phase::New
+    !crr.is_finished() && crr.phase() == Phase::New
 }

@@ -15,7 +15,7 @@ use serde_json::json;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::{AgentError, KubeletSettings, is_finished};
+use super::{AgentError, KubeletSettings};
 use crate::cri::RuntimeClient;
 use crate::cri::v1::{
     Container, ContainerFilter, ContainerState, ContainerStatusRequest, ListContainersRequest,
@@ -342,7 +342,7 @@ impl Context {
             let Some(mut fresh) = self.crrs.get(&namespace, &name).await? else {
                 return Ok(None);
             };
-            if is_finished(&fresh) {
+            if fresh.is_finished() {
                 debug!(crr = %name, "already completed by another writer");
                 self.expect(&fresh);
                 return Ok(None);
@@ -429,7 +429,7 @@ impl Context {
     /// Notes a CRR's arrival (for seen-to-stopped).
     pub(crate) fn seen(&self, crr: &ContainerRecreateRequest) {
         if let (Some(uid), Ok(mut seen)) = (crr.uid(), self.first_seen.lock()) {
-            if !is_finished(crr) {
+            if !crr.is_finished() {
                 seen.entry(uid).or_insert_with(Instant::now);
             }
         }

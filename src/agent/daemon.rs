@@ -18,7 +18,7 @@ use super::context::{Completion, Context, EXPECTATION_WAIT};
 use super::manager::Manager;
 use super::queue::Next;
 use super::restarts;
-use super::{AgentError, PodKey, is_finished, phase};
+use super::{AgentError, PodKey};
 use crate::crr::lists;
 use crate::crr::state::{self, Candidate, NotKilled, PassEnd};
 use crate::crr::{ContainerRecreateRequest, ContainerRecreateState, Phase, labels};
@@ -65,16 +65,16 @@ impl Daemon<'_> {
             .iter()
             .map(|c| Candidate {
                 name: c.name_any(),
-                phase: phase(c),
+                phase: c.phase(),
                 created: c
                     .meta()
                     .creation_timestamp
                     .as_ref()
                     .map_or(0, |t| t.0.as_second()),
-                finished: is_finished(c),
+                finished: c.is_finished(),
             })
             .collect();
-        for crr in crrs.iter().filter(|c| is_finished(c)) {
+        for crr in crrs.iter().filter(|c| c.is_finished()) {
             self.ctx.forget(crr);
         }
         let by_name = |name: &str| crrs.iter().find(|c| c.name_any() == name);
@@ -108,7 +108,7 @@ impl Daemon<'_> {
     /// to its kill). The expectation each write leaves still holds back a
     /// later pass that reads an older copy from a lagging cache.
     async fn work_on(&self, crr: &ContainerRecreateRequest) -> Result<Next, AgentError> {
-        let crr = if phase(crr) == Phase::Recreating {
+        let crr = if crr.phase() == Phase::Recreating {
             Cow::Borrowed(crr)
         } else {
             match self.ctx.set_phase(crr, Phase::Recreating).await? {

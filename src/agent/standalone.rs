@@ -34,7 +34,7 @@ use super::context::{self, Completion, Context};
 use super::manager::Step;
 use super::queue::Next;
 use super::watches::{SyncGate, Watched, follow};
-use super::{Agent, AgentError, PodKey, is_finished, phase};
+use super::{Agent, AgentError, PodKey};
 use crate::crr::client::{ApiVersion, CrrClient};
 use crate::crr::{ContainerRecreateRequest, Phase, SyncContainerStatus, annotations, labels};
 use crate::crr::{PRE_RECREATE_GRACE, pre_recreate_grace};
@@ -157,7 +157,7 @@ impl Parts {
                 let Some(latest) = store.get(&target) else {
                     return;
                 };
-                if is_finished(&latest) {
+                if latest.is_finished() {
                     return;
                 }
                 let mut next = (*latest).clone();
@@ -256,7 +256,7 @@ pub(crate) async fn manage_pod(
     let mut next = Next::Done;
 
     for crr in Parts::of_pod(&parts.inactive, key) {
-        if !is_finished(&crr) {
+        if !crr.is_finished() {
             // Claimed for this node by the Lease holder (or a refusal cut
             // short between its label and its status): judged on the Pod as
             // the API server has it now, as the webhook does, since the Pod
@@ -277,7 +277,7 @@ pub(crate) async fn manage_pod(
             wrote = true;
             continue;
         }
-        let Some(left) = super::ttl_left(&crr) else {
+        let Some(left) = crr.ttl_left(k8s_openapi::jiff::Timestamp::now().as_second()) else {
             continue;
         };
         if left <= 0 {
@@ -302,7 +302,7 @@ pub(crate) async fn manage_pod(
         .into_iter()
         .filter(|c| super::pod_key(c) == *key)
     {
-        if is_finished(&crr) {
+        if crr.is_finished() {
             wrote |= release(&ctx.client, &ctx.crrs, &crr, pod.as_deref()).await?;
             continue;
         }
@@ -319,7 +319,7 @@ pub(crate) async fn manage_pod(
             wrote = true;
             continue;
         }
-        if ctx.crrs.version() == ApiVersion::V1beta1 && phase(&crr) == Phase::Recreating {
+        if ctx.crrs.version() == ApiVersion::V1beta1 && crr.phase() == Phase::Recreating {
             wrote |= write_snapshot(ctx, parts, &crr, key).await?;
         }
         if let Some(deadline) = crr.spec.active_deadline_seconds {
@@ -431,7 +431,7 @@ async fn accept(
             let patch = json!({"metadata": {"labels": node_labels}});
             let labelled = ctx.crrs.patch(crr, &patch).await?;
             // A lagging cache may bring a refusal back once it is done.
-            if !is_finished(&labelled) {
+            if !labelled.is_finished() {
                 ctx.complete(&labelled, Completion::Refused(message))
                     .await?;
             }
