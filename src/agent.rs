@@ -42,6 +42,7 @@ mod standalone;
 mod watches;
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use kube::ResourceExt;
@@ -52,7 +53,6 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::{Semaphore, watch};
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
-use crate::config::AgentSettings;
 use crate::cri::Endpoint;
 use crate::cri::RuntimeClient;
 use crate::crr::client::{ApiVersion, CrrClient};
@@ -138,6 +138,22 @@ struct Agent {
     /// Kruise mode: a kruise-daemon on this node, which the agent leaves
     /// the node's CRRs to.
     neighbour: kruise_daemon::Neighbour,
+}
+
+/// What the CRR agent needs to start.
+#[derive(Debug, Clone)]
+pub struct AgentSettings {
+    pub node_name: String,
+    /// `None`: `$KUBECONFIG` or `~/.kube/config`, else the in-cluster service account.
+    pub kubeconfig: Option<PathBuf>,
+    pub mode: Mode,
+    /// The file of containers whose kill began (their preStop runs at most
+    /// once, across restarts).
+    pub kills_file: PathBuf,
+    /// Standalone mode's election.
+    pub lease: LeaseSettings,
+    /// What the agent reads of kubelet's restart decisions.
+    pub kubelet: KubeletSettings,
 }
 
 /// The Kubernetes client configuration: `--kubeconfig`, else `$KUBECONFIG`

@@ -15,8 +15,9 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, PostParams};
 
+use crate::RunConfig;
+use crate::agent::AgentSettings;
 use crate::agent::{self, LeaseSettings, Mode};
-use crate::config::{AgentSettings, RunConfig};
 use crate::cri::Endpoint;
 use crate::cri::v1::VersionRequest;
 use crate::crr::client::ApiVersion;

@@ -9,8 +9,11 @@ use std::path::{Path, PathBuf};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
+use crate::RunConfig;
+use crate::agent::AgentSettings;
 use crate::cri::Endpoint;
 use crate::proxy::Routes;
+use crate::telemetry::LogFormat;
 
 /// crr-proxy: a transparent CRI proxy for kubelet, and the node agent for
 /// OpenKruise's ContainerRecreateRequest.
@@ -461,12 +464,6 @@ pub enum AgentMode {
     Standalone,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
-
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
     #[error("{path}: {reason}")]
@@ -482,33 +479,6 @@ pub enum ConfigError {
     },
     #[error(transparent)]
     Lease(#[from] crate::manifests::ManifestError),
-}
-
-/// A validated `run` configuration.
-#[derive(Debug, Clone)]
-pub struct RunConfig {
-    pub listen: PathBuf,
-    pub routes: Routes,
-    pub agent: Option<AgentSettings>,
-    pub metrics_addr: Option<SocketAddr>,
-    /// The file of containers stopped for CRRs; `None`: no reason rewrite.
-    pub recreated_file: Option<PathBuf>,
-}
-
-/// What the CRR agent needs to start.
-#[derive(Debug, Clone)]
-pub struct AgentSettings {
-    pub node_name: String,
-    /// `None`: `$KUBECONFIG` or `~/.kube/config`, else the in-cluster service account.
-    pub kubeconfig: Option<PathBuf>,
-    pub mode: crate::agent::Mode,
-    /// The file of containers whose kill began (their preStop runs at most
-    /// once, across restarts).
-    pub kills_file: PathBuf,
-    /// Standalone mode's election.
-    pub lease: crate::agent::LeaseSettings,
-    /// What the agent reads of kubelet's restart decisions.
-    pub kubelet: crate::agent::KubeletSettings,
 }
 
 // === impl RunArgs ===

@@ -17,6 +17,23 @@
 //! - [`records`]: small key-value records that outlive crr-proxy.
 //! - [`restart_rules`]: whether kubelet starts a stopped container again.
 //! - [`version`]: the version and commit this binary was built from.
+//! - [`restart`]: `crr-proxy restart` (`kubectl crr restart`).
+//!
+//! Who uses whom. `main` and this file are the edges: they parse the command
+//! line ([`config`]) and hand each module its own settings ([`RunConfig`],
+//! [`agent::AgentSettings`], [`telemetry::LogFormat`]). Below them nothing
+//! uses `config`, and no two modules use each other, however indirectly
+//! (`tests/repository.rs` checks both).
+//! - The data path: `proxy` uses `cri`, `metrics`, `reason` and `telemetry`,
+//!   and never the agent.
+//! - The agent: `agent` uses `crr`, `kill`, `cri`, `reason`, `records`,
+//!   `restart_rules`, `metrics`, `manifests` and `telemetry`.
+//! - The commands: `check` uses `agent`, `crr` and `cri`; `restart` uses
+//!   `crr` and `restart_rules`; `admin` uses `cri`, `metrics`, `notify` and
+//!   `telemetry`.
+//! - Below those: `crr` (CRR types and facts), `kill`, `reason`, `metrics`
+//!   and `cri`; and at the bottom `records`, `restart_rules`, `manifests`,
+//!   `version`, `notify` and `telemetry`, which use no other module.
 
 pub mod admin;
 pub mod agent;
@@ -39,9 +56,22 @@ pub mod telemetry;
 pub mod version;
 
 use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use proxy::{ListenError, Listener, Proxy};
+use proxy::{ListenError, Listener, Proxy, Routes};
+
+/// A validated `run` configuration: what the daemon serves and runs.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub listen: PathBuf,
+    pub routes: Routes,
+    pub agent: Option<agent::AgentSettings>,
+    pub metrics_addr: Option<SocketAddr>,
+    /// The file of containers stopped for CRRs; `None`: no reason rewrite.
+    pub recreated_file: Option<PathBuf>,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -54,10 +84,7 @@ pub enum RunError {
 /// Runs the daemon until `shutdown` resolves: the proxy on this runtime, and
 /// the agent (when enabled) on its own thread, so that nothing it does can
 /// hold up a CRI call.
-pub async fn run(
-    config: config::RunConfig,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), RunError> {
+pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
     // The socket first: a second instance started by mistake stops here,
     // before its agent could act on a single CRR.
     let (listener, _socket_file) = Listener::open(&config.listen)?.into_parts();

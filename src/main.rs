@@ -135,7 +135,7 @@ fn restart(args: &crr_proxy::config::RestartArgs) -> ExitCode {
     }
 }
 
-fn serve(config: crr_proxy::config::RunConfig) -> anyhow::Result<()> {
+fn serve(config: crr_proxy::RunConfig) -> anyhow::Result<()> {
     // One thread: a passthrough call is a few microseconds of work, and
     // handing frames between worker threads (futex wake-ups) cost more
     // latency than it bought in the latency benchmark (benches/latency.rs).

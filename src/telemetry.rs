@@ -4,8 +4,6 @@ use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
 
-use crate::config::LogFormat;
-
 /// An error and every source under it, `outer: inner: innermost`, for
 /// logs: each of crr-proxy's errors states only its own part.
 pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
@@ -24,6 +22,13 @@ impl std::fmt::Display for Chain<'_> {
 
 /// Installs the global subscriber: level from `CRR_PROXY_LOG` (then
 /// `RUST_LOG`, then `info`), text or JSON lines on stderr.
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
 pub fn init(format: LogFormat) {
     let filter = ["CRR_PROXY_LOG", "RUST_LOG"]
         .iter()

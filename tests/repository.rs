@@ -265,3 +265,137 @@ fn the_monitoring_docs_name_the_metrics_crr_proxy_exports() {
         }
     }
 }
+
+/// Which of `src/`'s top-level modules each one uses (`crate::x`), read
+/// from the code outside comments and test modules; `main` and `lib` (the
+/// edges, which may use anything) are left out.
+fn module_uses() -> BTreeMap<String, Vec<String>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    let mut dirs = vec![src.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    let mut uses: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for file in files {
+        let relative = file.strip_prefix(&src).unwrap();
+        let first = relative.components().next().unwrap();
+        let top = first.as_os_str().to_str().unwrap().trim_end_matches(".rs");
+        if matches!(top, "main" | "lib" | "fuzzing") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        let code: String = code
+            .lines()
+            .map(|line| line.split("//").next().unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n");
+        let mut names = Vec::new();
+        // `crate::x::...`, and each first name of `use crate::{x, y::{z}}`.
+        for (i, _) in code.match_indices("crate::") {
+            let rest = &code[i + "crate::".len()..];
+            let Some(list) = rest.strip_prefix('{') else {
+                names.push(identifier(rest));
+                continue;
+            };
+            let mut depth = 0;
+            let mut start = true;
+            for (j, c) in list.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => start = true,
+                    c if start && (c.is_alphanumeric() || c == '_') => {
+                        names.push(identifier(&list[j..]));
+                        start = false;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let entry = uses.entry(top.to_owned()).or_default();
+        entry.extend(names.into_iter().filter(|n| n != top && !n.is_empty()));
+    }
+    let modules: Vec<String> = uses.keys().cloned().collect();
+    for used in uses.values_mut() {
+        used.retain(|m| modules.contains(m));
+        used.sort();
+        used.dedup();
+    }
+    uses
+}
+
+/// The identifier `text` begins with.
+fn identifier(text: &str) -> String {
+    text.chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect()
+}
+
+/// The modules on a cycle of `uses`, if any (a depth-first search).
+fn a_cycle(uses: &BTreeMap<String, Vec<String>>) -> Option<Vec<String>> {
+    fn visit(
+        module: &str,
+        uses: &BTreeMap<String, Vec<String>>,
+        path: &mut Vec<String>,
+        done: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|m| m == module) {
+            let mut cycle = path[at..].to_vec();
+            cycle.push(module.to_owned());
+            return Some(cycle);
+        }
+        if done.iter().any(|m| m == module) {
+            return None;
+        }
+        path.push(module.to_owned());
+        for used in uses.get(module).into_iter().flatten() {
+            if let Some(cycle) = visit(used, uses, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        done.push(module.to_owned());
+        None
+    }
+    let mut done = Vec::new();
+    uses.keys()
+        .find_map(|m| visit(m, uses, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn the_modules_use_each_other_without_a_cycle_and_only_the_edges_use_the_command_line() {
+    let uses = module_uses();
+    // The reading finds what it should: the command line uses the agent,
+    // and the agent the kill engine.
+    assert!(uses["config"].contains(&"agent".to_owned()), "{uses:?}");
+    assert!(uses["agent"].contains(&"kill".to_owned()), "{uses:?}");
+    assert_eq!(a_cycle(&uses), None, "{uses:#?}");
+    let below: Vec<&String> = uses
+        .iter()
+        .filter(|(_, used)| used.contains(&"config".to_owned()))
+        .map(|(module, _)| module)
+        .collect();
+    assert!(
+        below.is_empty(),
+        "modules that use the command line: {below:?}"
+    );
+    // The search itself finds a cycle where there is one.
+    let looped = BTreeMap::from([
+        ("a".to_owned(), vec!["b".to_owned()]),
+        ("b".to_owned(), vec!["a".to_owned()]),
+    ]);
+    assert_eq!(
+        a_cycle(&looped),
+        Some(vec!["a".into(), "b".into(), "a".into()])
+    );
+}

@@ -15,6 +15,7 @@ pub mod policy;
 pub mod raw;
 pub mod reads;
 pub mod roles;
+pub mod selectors;
 pub mod upstream;
 pub mod versions;
 pub mod workloads;
@@ -157,7 +158,7 @@ pub fn write_kubeconfig_as(path: &Path, server: &str, token: Option<&str>) {
 /// Logs to the test output when `CRR_PROXY_LOG` is set.
 pub fn init_logging() {
     if std::env::var_os("CRR_PROXY_LOG").is_some() {
-        crr_proxy::telemetry::init(crr_proxy::config::LogFormat::Text);
+        crr_proxy::telemetry::init(crr_proxy::telemetry::LogFormat::Text);
     }
 }
 
