@@ -271,46 +271,110 @@ pub async fn run(
     synced: watch::Sender<bool>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let AgentConfig {
-        client,
-        cri,
-        killer,
-        node_name,
-        mode,
-        recreated,
-        kills,
-        metrics,
-        lease,
-        kubelet,
-    } = config;
-    let selector = format!("{}={node_name},{}=true", labels::NODE_NAME, labels::ACTIVE);
     let ready = Arc::new(synced);
     tokio::pin!(shutdown);
-    // The election outlives a change of CRR version. On shutdown it ends
-    // first, with the claimer: the Lease goes to another node at once,
-    // while this node's kills in flight finish.
-    let (end_election, election_ends) = watch::channel(false);
-    let election = (mode == Mode::Standalone).then(|| {
-        let api = kube::Api::namespaced(client.clone(), &lease.namespace);
-        lease::elect(
-            api,
-            lease.clone(),
-            node_name.clone(),
-            Arc::clone(&metrics),
-            election_ends,
-        )
-    });
+    let election = Election::start(&config);
     let mut version = tokio::select! {
-        version = discover(&client) => version,
+        version = discover(&config.client) => version,
         () = &mut shutdown => {
-            let _ = end_election.send(true);
-            if let Some((_, task)) = election {
-                let _ = task.await;
-            }
+            election.end().await;
             return;
         }
     };
     loop {
+        let mut round = Round::start(&config, version, election.leadership(), &ready);
+        let next = tokio::select! {
+            () = &mut shutdown => None,
+            now = round.version_changed(&config.client) => Some(now),
+        };
+        round.stop_claiming().await;
+        if next.is_none() {
+            // The Lease goes to another node at once, while this node's
+            // kills in flight finish.
+            election.end_now();
+        }
+        round.finish().await;
+        match next {
+            Some(now) => {
+                info!(
+                    from = version.as_str(),
+                    to = now.as_str(),
+                    "the cluster serves CRRs in another version now; starting over"
+                );
+                version = now;
+            }
+            None => break,
+        }
+    }
+    election.end().await;
+    info!("agent stopped");
+}
+
+/// Standalone mode's election of the claimer. It outlives a change of CRR
+/// version, and on shutdown it ends first.
+struct Election {
+    end: watch::Sender<bool>,
+    running: Option<(lease::Leadership, tokio::task::JoinHandle<()>)>,
+}
+
+impl Election {
+    fn start(config: &AgentConfig) -> Self {
+        let (end, ends) = watch::channel(false);
+        let running = (config.mode == Mode::Standalone).then(|| {
+            let api = kube::Api::namespaced(config.client.clone(), &config.lease.namespace);
+            lease::elect(
+                api,
+                config.lease.clone(),
+                config.node_name.clone(),
+                Arc::clone(&config.metrics),
+                ends,
+            )
+        });
+        Self { end, running }
+    }
+
+    fn leadership(&self) -> Option<&lease::Leadership> {
+        self.running.as_ref().map(|(leadership, _)| leadership)
+    }
+
+    /// Gives the Lease up without waiting.
+    fn end_now(&self) {
+        let _ = self.end.send(true);
+    }
+
+    async fn end(self) {
+        self.end_now();
+        if let Some((_, task)) = self.running {
+            let _ = task.await;
+        }
+    }
+}
+
+/// The agent at one CRR version: its watches, the dispatcher of their
+/// work, and (while this node may hold the Lease) the claimer.
+struct Round {
+    version: ApiVersion,
+    gate: Arc<SyncGate>,
+    stop: watch::Sender<bool>,
+    dispatcher: tokio::task::JoinHandle<()>,
+    followers: Vec<tokio::task::JoinHandle<()>>,
+    claimer: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Round {
+    fn start(
+        config: &AgentConfig,
+        version: ApiVersion,
+        leadership: Option<&lease::Leadership>,
+        ready: &Arc<watch::Sender<bool>>,
+    ) -> Self {
+        let AgentConfig {
+            client,
+            node_name,
+            mode,
+            ..
+        } = config;
+        let selector = format!("{}={node_name},{}=true", labels::NODE_NAME, labels::ACTIVE);
         let crrs = CrrClient::new(client.clone(), version);
         let (store, writer) = reflector::store();
         let active = crrs
@@ -320,23 +384,23 @@ pub async fn run(
             controller: REPORTER.into(),
             instance: Some(truncated(node_name.clone(), INSTANCE_LIMIT, "")),
         };
-        let (manager, streams) = Manager::new(mode, &client, &crrs, &node_name);
+        let (manager, streams) = Manager::new(*mode, client, &crrs, node_name);
         let recorder = Recorder::new(client.clone(), reporter);
         let claim_events = recorder.clone();
         let records = KillRecords {
-            recreated: Arc::clone(&recreated),
-            kills: Arc::clone(&kills),
+            recreated: Arc::clone(&config.recreated),
+            kills: Arc::clone(&config.kills),
         };
         let ctx = Context::new(
             client.clone(),
             version,
-            cri.clone(),
-            killer.clone(),
+            config.cri.clone(),
+            config.killer.clone(),
             records,
             recorder,
-            Arc::clone(&metrics),
+            Arc::clone(&config.metrics),
         )
-        .with_kubelet(kubelet.clone());
+        .with_kubelet(config.kubelet.clone());
         let agent = Arc::new(Agent {
             ctx,
             store,
@@ -345,11 +409,11 @@ pub async fn run(
             neighbour: kruise_daemon::Neighbour::default(),
         });
         info!(node = %node_name, %selector, ?mode, version = version.as_str(), "watching ContainerRecreateRequests");
-        let beside_kruise_daemon = mode == Mode::Kruise;
+        let beside_kruise_daemon = *mode == Mode::Kruise;
         let watches = 1
             + streams.as_ref().map_or(0, |_| standalone::Streams::COUNT)
             + usize::from(beside_kruise_daemon);
-        let gate = Arc::new(SyncGate::new(watches, Arc::clone(&ready)));
+        let gate = Arc::new(SyncGate::new(watches, Arc::clone(ready)));
         let (stop, stopping) = watch::channel(false);
         let dispatcher = tokio::spawn(Arc::clone(&agent).dispatch(Arc::clone(&gate), stopping));
         let mut followers = vec![tokio::spawn(follow(
@@ -369,66 +433,59 @@ pub async fn run(
                 Arc::clone(&gate),
             )));
         }
-        let mut claimer = None;
-        if let Some((leadership, _)) = &election {
+        let claimer = leadership.map(|leadership| {
             let duty = claim::Claimer {
                 client: client.clone(),
                 crrs: crrs.clone(),
-                metrics: Arc::clone(&metrics),
+                metrics: Arc::clone(&config.metrics),
                 leadership: leadership.clone(),
-                timeout: lease.renew_period,
-                unanswered: lease.unanswered,
+                timeout: config.lease.renew_period,
+                unanswered: config.lease.unanswered,
                 recorder: claim_events,
             };
-            claimer = Some(tokio::spawn(duty.run()));
+            tokio::spawn(duty.run())
+        });
+        Self {
+            version,
+            gate,
+            stop,
+            dispatcher,
+            followers,
+            claimer,
         }
-        // After a relist, the version the cluster serves may have changed
-        // (OpenKruise upgraded): then everything starts over with it.
-        let changed = async {
-            loop {
-                gate.relisted().await;
-                match ApiVersion::discover(&client).await {
-                    Ok(now) if now != version => return now,
-                    Ok(_) => {}
-                    Err(error) => debug!(%error, "cannot tell which CRR version is served now"),
-                }
+    }
+
+    /// Resolves once the cluster serves CRRs in another version: it is
+    /// asked after each relist (OpenKruise upgraded).
+    async fn version_changed(&self, client: &kube::Client) -> ApiVersion {
+        loop {
+            self.gate.relisted().await;
+            match ApiVersion::discover(client).await {
+                Ok(now) if now != self.version => return now,
+                Ok(_) => {}
+                Err(error) => debug!(%error, "cannot tell which CRR version is served now"),
             }
-        };
-        let next = tokio::select! {
-            () = &mut shutdown => None,
-            now = changed => Some(now),
-        };
-        if let Some(claimer) = claimer {
-            // A claim cut short is a conditional write that landed or not.
+        }
+    }
+
+    /// Ends the claimer: a claim cut short is a conditional write that
+    /// landed or not.
+    async fn stop_claiming(&mut self) {
+        if let Some(claimer) = self.claimer.take() {
             claimer.abort();
             let _ = claimer.await;
         }
-        if next.is_none() {
-            let _ = end_election.send(true);
-        }
+    }
+
+    /// No new work; the work in flight finishes, then the watches end.
+    async fn finish(self) {
         info!("agent stopping: no new work; waiting for the work in flight");
-        let _ = stop.send(true);
-        let _ = dispatcher.await;
-        for follower in followers {
+        let _ = self.stop.send(true);
+        let _ = self.dispatcher.await;
+        for follower in self.followers {
             follower.abort();
         }
-        match next {
-            Some(now) => {
-                info!(
-                    from = version.as_str(),
-                    to = now.as_str(),
-                    "the cluster serves CRRs in another version now; starting over"
-                );
-                version = now;
-            }
-            None => break,
-        }
     }
-    let _ = end_election.send(true);
-    if let Some((_, task)) = election {
-        let _ = task.await;
-    }
-    info!("agent stopped");
 }
 
 fn pod_key(crr: &ContainerRecreateRequest) -> PodKey {
