@@ -65,7 +65,7 @@ pub struct RestartArgs {
     /// The containers to restart, in order: `-c app,sidecar` or `-c app -c
     /// sidecar` [default: the Pod's default container: the one its
     /// kubectl.kubernetes.io/default-container annotation names, or its only
-    /// container]
+    /// regular container]
     #[arg(short = 'c', long = "container", value_delimiter = ',')]
     pub containers: Vec<String>,
 

@@ -192,7 +192,7 @@ async fn one_pod(
     let waves = &options.waves;
     if waves.max_unavailable.is_some() || waves.continue_on_failure || waves.run_id.is_some() {
         return Err(RestartError::Usage(
-            "--max-unavailable, --continue-on-failure and --run-id apply to a workload (KIND/NAME) only",
+            "--max-unavailable, --continue-on-failure and --run-id apply to a workload (KIND/NAME) or a selector (-l) only",
         ));
     }
     let (client, namespace, crrs) = (&at.client, &at.namespace, &at.crrs);

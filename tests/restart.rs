@@ -302,12 +302,12 @@ async fn bad_input_gives_a_clear_error_and_creates_nothing() {
         (
             &["web", "-c", "app", "--max-unavailable", "2"],
             1,
-            "error: --max-unavailable, --continue-on-failure and --run-id apply to a workload (KIND/NAME) only",
+            "error: --max-unavailable, --continue-on-failure and --run-id apply to a workload (KIND/NAME) or a selector (-l) only",
         ),
         (
             &["pod/web", "-c", "app", "--run-id", "r1"],
             1,
-            "apply to a workload (KIND/NAME) only",
+            "apply to a workload (KIND/NAME) or a selector (-l) only",
         ),
         (
             &["web", "-c", "app", "-n", "shop"],

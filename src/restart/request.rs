@@ -104,14 +104,8 @@ impl Request {
             return Ok(self.containers.clone());
         }
         let names = restartable(pod);
-        let annotated = pod
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(DEFAULT_CONTAINER))
-            .filter(|name| names.contains(&name.as_str()));
-        if let Some(name) = annotated {
-            return Ok(vec![name.clone()]);
+        if let Some(name) = annotated_default(pod, &names) {
+            return Ok(vec![name.to_owned()]);
         }
         let regular = pod
             .spec
@@ -130,11 +124,13 @@ impl Request {
     }
 
     /// kubectl's notice when it defaulted to one container of several (here:
-    /// the only regular container beside native sidecars).
+    /// the only regular container beside native sidecars); as kubectl's,
+    /// none when the annotation chose.
     pub fn defaulted_notice(&self, pod: &Pod) -> Option<String> {
         let names = restartable(pod);
         let chosen = self.containers_for(pod).ok()?;
-        (self.containers.is_empty() && names.len() > 1).then(|| {
+        let guessed = self.containers.is_empty() && annotated_default(pod, &names).is_none();
+        (guessed && names.len() > 1).then(|| {
             format!(
                 "Defaulted container {:?} out of: {}",
                 chosen.join(","),
@@ -203,6 +199,17 @@ impl Request {
         }
         Ok(())
     }
+}
+
+/// The container the Pod's default-container annotation names, if it is
+/// one of `names`.
+fn annotated_default<'p>(pod: &'p Pod, names: &[&str]) -> Option<&'p str> {
+    pod.metadata
+        .annotations
+        .as_ref()?
+        .get(DEFAULT_CONTAINER)
+        .map(String::as_str)
+        .filter(|name| names.contains(name))
 }
 
 /// The names of the containers a CRR can restart: native sidecars and
@@ -411,6 +418,10 @@ mod tests {
         );
         assert_eq!(
             request(&[]).defaulted_notice(&pod_of(&["app"], &[], None)),
+            None
+        );
+        assert_eq!(
+            request(&[]).defaulted_notice(&pod_of(&["app", "log"], &[], Some("log"))),
             None
         );
         assert_eq!(
