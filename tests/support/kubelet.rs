@@ -665,11 +665,10 @@ async fn relist(cri: &RuntimeClient, pods: &[PodRun], records: &mut Records) {
 
 /// kubeGenericRuntimeManager.GetPodStatus's calls for one Pod.
 async fn get_pod_status(cri: &mut RuntimeClient, pod: &PodRun) {
-    let by_uid = HashMap::from([(keys::POD_UID.to_owned(), pod.uid.clone())]);
     let _ = cri
         .list_pod_sandbox(ListPodSandboxRequest {
             filter: Some(PodSandboxFilter {
-                label_selector: by_uid.clone(),
+                label_selector: by_uid(&pod.uid),
                 ..Default::default()
             }),
         })
@@ -680,18 +679,7 @@ async fn get_pod_status(cri: &mut RuntimeClient, pod: &PodRun) {
             verbose: false,
         })
         .await;
-    let listed = cri
-        .list_containers(ListContainersRequest {
-            filter: Some(ContainerFilter {
-                label_selector: by_uid,
-                ..Default::default()
-            }),
-        })
-        .await;
-    for container in listed
-        .map(|l| l.into_inner().containers)
-        .unwrap_or_default()
-    {
+    for container in listed(cri, &pod.uid).await {
         let _ = cri
             .container_status(ContainerStatusRequest {
                 container_id: container.id,
@@ -699,6 +687,25 @@ async fn get_pod_status(cri: &mut RuntimeClient, pod: &PodRun) {
             })
             .await;
     }
+}
+
+/// kubelet's label selector for one Pod's sandboxes and containers.
+fn by_uid(uid: &str) -> HashMap<String, String> {
+    HashMap::from([(keys::POD_UID.to_owned(), uid.to_owned())])
+}
+
+/// The Pod's containers of every state (none when the runtime fails).
+async fn listed(cri: &mut RuntimeClient, uid: &str) -> Vec<crr_proxy::cri::v1::Container> {
+    let request = ListContainersRequest {
+        filter: Some(ContainerFilter {
+            label_selector: by_uid(uid),
+            ..Default::default()
+        }),
+    };
+    cri.list_containers(request)
+        .await
+        .map(|l| l.into_inner().containers)
+        .unwrap_or_default()
 }
 
 /// kubelet's container garbage collection, once a minute
@@ -712,19 +719,8 @@ async fn get_pod_status(cri: &mut RuntimeClient, pod: &PodRun) {
 async fn collect_dead_containers(cri: &RuntimeClient, pods: &[PodRun]) {
     let mut cri = cri.clone();
     for pod in pods {
-        let listed = cri
-            .list_containers(ListContainersRequest {
-                filter: Some(ContainerFilter {
-                    label_selector: HashMap::from([(keys::POD_UID.to_owned(), pod.uid.clone())]),
-                    ..Default::default()
-                }),
-            })
-            .await;
         let mut dead: HashMap<String, Vec<(i64, String)>> = HashMap::new();
-        for container in listed
-            .map(|l| l.into_inner().containers)
-            .unwrap_or_default()
-        {
+        for container in listed(&mut cri, &pod.uid).await {
             if container.state() == ContainerState::ContainerRunning {
                 continue;
             }
