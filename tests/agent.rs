@@ -192,6 +192,17 @@ impl Cluster {
             .unwrap_or_else(|| panic!("no {series} in\n{text}"))
     }
 
+    /// Waits for a counter to reach `value`. A container's stop is counted
+    /// when its StopContainer returns, which may be after the CRR completed
+    /// from the Pod's status: the test must not read it in between.
+    async fn metric_reaches(&self, series: &str, value: f64) {
+        wait_for(Duration::from_secs(5), || {
+            (self.metric(series) == value).then_some(())
+        })
+        .await
+        .unwrap_or_else(|| panic!("{series} is {}, not {value}", self.metric(series)));
+    }
+
     fn crr(&self, name: &str) -> Option<Value> {
         self.api.get(Resource::Crr, NAMESPACE, name)
     }
@@ -436,10 +447,9 @@ async fn e2e_3a_pre_stop_runs_fully_and_kills_are_sequential(mode: Setup) {
     );
     assert!(cluster.metric("crr_proxy_prestop_hook_duration_seconds_sum") >= 8.0);
     assert_eq!(cluster.metric("crr_proxy_prestop_hook_failures_total"), 0.0);
-    assert_eq!(
-        cluster.metric("crr_proxy_crr_seen_to_stopped_seconds_count"),
-        2.0
-    );
+    cluster
+        .metric_reaches("crr_proxy_crr_seen_to_stopped_seconds_count", 2.0)
+        .await;
 }
 
 async fn e2e_3b_active_deadline_completes_while_the_kill_goes_on(mode: Setup) {
@@ -2141,19 +2151,14 @@ async fn the_pod_says_why_its_container_restarted(mode: Setup) {
     assert_eq!(app["lastState"]["terminated"]["message"], message);
     // What the agent counted (once its completing write has returned to it).
     let succeeded = r#"crr_proxy_crr_recreations_total{outcome="succeeded"}"#;
-    wait_for(Duration::from_secs(5), || {
-        (cluster.metric(succeeded) == 1.0).then_some(())
-    })
-    .await
-    .unwrap_or_else(|| panic!("{succeeded} is {}", cluster.metric(succeeded)));
+    cluster.metric_reaches(succeeded, 1.0).await;
     assert_eq!(
         cluster.metric(r#"crr_proxy_crr_recreations_total{outcome="failed"}"#),
         0.0
     );
-    assert_eq!(
-        cluster.metric("crr_proxy_crr_seen_to_stopped_seconds_count"),
-        1.0
-    );
+    cluster
+        .metric_reaches("crr_proxy_crr_seen_to_stopped_seconds_count", 1.0)
+        .await;
     let seen_to_stopped = cluster.metric("crr_proxy_crr_seen_to_stopped_seconds_sum");
     assert!(
         seen_to_stopped > 0.0 && seen_to_stopped < 5.0,

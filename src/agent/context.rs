@@ -115,8 +115,8 @@ pub(crate) struct Context {
     pub(crate) metrics: Arc<Metrics>,
     /// Per CRR uid: the resourceVersion of our last write and when.
     expectations: Mutex<HashMap<String, (u64, Instant)>>,
-    /// When the agent first saw each CRR (by uid), for seen-to-stopped.
-    first_seen: Mutex<HashMap<String, Instant>>,
+    /// When the agent first saw each CRR, for seen-to-stopped.
+    sightings: Sightings,
     /// What kubelet makes of a stopped container.
     pub(crate) kubelet: KubeletSettings,
 }
@@ -141,7 +141,7 @@ impl Context {
             recorder,
             metrics,
             expectations: Mutex::new(HashMap::new()),
-            first_seen: Mutex::new(HashMap::new()),
+            sightings: Sightings::default(),
             kubelet: KubeletSettings::default(),
         }
     }
@@ -362,9 +362,7 @@ impl Context {
     /// Counts a completion written by `complete` (here or elsewhere).
     pub(crate) fn completed(&self, written: &ContainerRecreateRequest, why: &Completion) {
         self.metrics.crr_completed(why.outcome(written));
-        if let (Some(uid), Ok(mut seen)) = (written.uid(), self.first_seen.lock()) {
-            seen.remove(&uid);
-        }
+        self.sightings.forget(written);
     }
 
     /// Writes one list of `crr`'s status as `decide` makes it from a copy
@@ -428,17 +426,12 @@ impl Context {
 
     /// Notes a CRR's arrival (for seen-to-stopped).
     pub(crate) fn seen(&self, crr: &ContainerRecreateRequest) {
-        if let (Some(uid), Ok(mut seen)) = (crr.uid(), self.first_seen.lock()) {
-            if !crr.is_finished() {
-                seen.entry(uid).or_insert_with(Instant::now);
-            }
-        }
+        self.sightings.note(crr);
     }
 
-    /// When the agent first saw `crr`, while it is active.
+    /// When the agent first saw `crr`, while it is active (see `Sightings`).
     pub(crate) fn first_seen(&self, crr: &ContainerRecreateRequest) -> Option<Instant> {
-        let uid = crr.uid()?;
-        self.first_seen.lock().ok()?.get(&uid).copied()
+        self.sightings.first(crr)
     }
 
     /// Drops what the agent remembers of a deleted or finished CRR.
@@ -446,9 +439,7 @@ impl Context {
         if let (Some(uid), Ok(mut expectations)) = (crr.uid(), self.expectations.lock()) {
             expectations.remove(&uid);
         }
-        if let (Some(uid), Ok(mut seen)) = (crr.uid(), self.first_seen.lock()) {
-            seen.remove(&uid);
-        }
+        self.sightings.forget(crr);
     }
 
     /// False while the cached copy is older than our last write to it.
@@ -518,6 +509,35 @@ pub(crate) fn truncated(mut text: String, limit: usize, suffix: &str) -> String 
 
 /// The wait before try `tries` after a conflict: client-go's
 /// retry.DefaultBackoff (10 ms, ×5; its 0.1 jitter left out).
+/// When the agent first saw each active CRR (by uid).
+#[derive(Default)]
+struct Sightings(Mutex<HashMap<String, Instant>>);
+
+impl Sightings {
+    fn note(&self, crr: &ContainerRecreateRequest) {
+        if let (Some(uid), Ok(mut seen)) = (crr.uid(), self.0.lock())
+            && !crr.is_finished()
+        {
+            seen.entry(uid).or_insert_with(Instant::now);
+        }
+    }
+
+    /// A pass that reads the CRR counts as a sight: the reflector writes its
+    /// store before the watch's follower notes the event, so a pass woken by
+    /// the Pod's own change can find the CRR in between (its kill went
+    /// uncounted).
+    fn first(&self, crr: &ContainerRecreateRequest) -> Option<Instant> {
+        self.note(crr);
+        self.0.lock().ok()?.get(&crr.uid()?).copied()
+    }
+
+    fn forget(&self, crr: &ContainerRecreateRequest) {
+        if let (Some(uid), Ok(mut seen)) = (crr.uid(), self.0.lock()) {
+            seen.remove(&uid);
+        }
+    }
+}
+
 async fn after_conflict(tries: u32) {
     tokio::time::sleep(Duration::from_millis(
         10 * 5u64.pow(tries.saturating_sub(1)),
@@ -528,6 +548,36 @@ async fn after_conflict(tries: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
+
+    #[test]
+    fn a_crr_a_pass_reads_first_counts_as_seen_then() {
+        let crr = |uid: &str, status: Value| -> ContainerRecreateRequest {
+            serde_json::from_value(json!({
+                "metadata": {"name": "c", "uid": uid},
+                "spec": {"podName": "p", "containers": [{"name": "app"}]},
+                "status": status}))
+            .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let sightings = Sightings::default();
+        let early = crr("a", json!({"phase": "Pending"}));
+        sightings.note(&early);
+        let first = sightings.first(&early);
+        assert!(first.is_some());
+        // Seen again later: still the first time.
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(sightings.first(&early), first);
+        // Read by a pass before its watch event was noted.
+        assert!(
+            sightings
+                .first(&crr("b", json!({"phase": "Recreating"})))
+                .is_some()
+        );
+        let done = json!({"phase": "Completed", "completionTime": "2026-12-04T00:00:00Z"});
+        assert_eq!(sightings.first(&crr("c", done)), None);
+        sightings.forget(&early);
+        assert!(sightings.first(&early) > first);
+    }
 
     #[test]
     fn event_notes_and_instances_are_cut_to_what_the_api_server_takes() {
