@@ -297,8 +297,29 @@ pub struct ManifestsArgs {
     #[arg(long, value_enum)]
     pub agent: ManifestsFor,
 
+    /// Whose credentials the nodes' crr-proxy uses: `own` (the per-node
+    /// identity scripts/node-identity.sh issues) or `kubelet` (kubelet's
+    /// kubeconfig and rotating client certificate; kruise mode only).
+    #[arg(long, value_enum, default_value = "own")]
+    pub identity: IdentityFor,
+
     #[command(flatten)]
     pub lease: LeaseArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum IdentityFor {
+    Own,
+    Kubelet,
+}
+
+impl IdentityFor {
+    pub fn identity(self) -> crate::manifests::Identity {
+        match self {
+            Self::Own => crate::manifests::Identity::Own,
+            Self::Kubelet => crate::manifests::Identity::Kubelet,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -478,7 +499,7 @@ pub enum ConfigError {
         duration: std::time::Duration,
     },
     #[error(transparent)]
-    Lease(#[from] crate::manifests::ManifestError),
+    Manifest(#[from] crate::manifests::ManifestError),
 }
 
 // === impl RunArgs ===

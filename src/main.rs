@@ -57,12 +57,15 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Manifests(args) => match args.lease.lease() {
-            Ok(lease) => {
-                print!(
-                    "{}",
-                    crr_proxy::manifests::render(args.agent.overlay(), &lease)
-                );
+        Command::Manifests(args) => match args.lease.lease().and_then(|lease| {
+            Ok(crr_proxy::manifests::render(
+                args.agent.overlay(),
+                &lease,
+                args.identity.identity(),
+            )?)
+        }) {
+            Ok(rendered) => {
+                print!("{rendered}");
                 ExitCode::SUCCESS
             }
             Err(error) => {

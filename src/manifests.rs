@@ -6,6 +6,12 @@
 //! the place of the defaults wherever they appear as a whole name. The
 //! defaults are names nothing else in those files uses, and a unit test
 //! holds the rendering to changing exactly the Lease's fields.
+//!
+//! Rendered for kubelet's identity (`--identity kubelet`), the same objects
+//! name kubelet's user and group instead of crr-proxy's own, and leave out
+//! what Node authorization and the NodeRestriction admission plugin already
+//! do for a kubelet: reads of its own Pods, and the writes of its Pods'
+//! status.
 
 /// The standalone Lease's name unless `--lease-name` says otherwise.
 pub const DEFAULT_LEASE_NAME: &str = "crr-proxy-claimer";
@@ -24,6 +30,55 @@ pub enum Overlay {
     /// standalone checks too.
     Standalone,
 }
+
+/// Whose credentials each node's crr-proxy presents to the API server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Identity {
+    /// Its own per-node identity, which `scripts/node-identity.sh` issues:
+    /// user `crr-proxy:node:<node>`, group `crr-proxy:nodes`.
+    #[default]
+    Own,
+    /// kubelet's (kubeadm's `/etc/kubernetes/kubelet.conf` and the client
+    /// certificate kubelet rotates): user `system:node:<node>`, group
+    /// `system:nodes`. Kruise mode only.
+    Kubelet,
+}
+
+impl Identity {
+    /// The group every node's identity is in.
+    pub fn group(self) -> &'static str {
+        match self {
+            Self::Own => "crr-proxy:nodes",
+            Self::Kubelet => "system:nodes",
+        }
+    }
+
+    /// A node's user name is this followed by the node's name.
+    pub fn user_prefix(self) -> &'static str {
+        match self {
+            Self::Own => "crr-proxy:node:",
+            Self::Kubelet => "system:node:",
+        }
+    }
+}
+
+/// The objects a kubelet's identity does without, as (kind, name): Node
+/// authorization lets a node get its own Pods and list and watch them with
+/// `fieldSelector=spec.nodeName=<node>` (`plugin/pkg/auth/authorizer/node/
+/// node_authorizer.go`, `authorizePod`), so binding `crr-proxy-kruise-pods`
+/// to `system:nodes` would only let every kubelet read every Pod;
+/// NodeRestriction lets a node write the status of its own Pods only
+/// (`plugin/pkg/admission/noderestriction/admission.go`, `admitPodStatus`);
+/// and a policy on Lease writes by `system:nodes` would stand in the way of
+/// every kubelet's heartbeat in kube-node-lease.
+const KUBELET_HAS: [(&str, &str); 6] = [
+    ("ClusterRole", "crr-proxy-kruise-pods"),
+    ("ClusterRoleBinding", "crr-proxy-kruise-pods"),
+    ("ValidatingAdmissionPolicy", "crr-proxy-own-node-pods"),
+    ("ValidatingAdmissionPolicyBinding", "crr-proxy-own-node-pods"),
+    ("ValidatingAdmissionPolicy", "crr-proxy-lease-writes"),
+    ("ValidatingAdmissionPolicyBinding", "crr-proxy-lease-writes"),
+];
 
 /// One file of `deploy/`.
 #[derive(Debug)]
@@ -135,22 +190,72 @@ pub enum ManifestError {
         value: String,
         reason: &'static str,
     },
+    #[error(
+        "kubelet's identity serves --agent kruise only: the standalone claimer reads the Pods of every node and writes a Lease outside kube-node-lease, which Node authorization and NodeRestriction deny a kubelet (use scripts/node-identity.sh)"
+    )]
+    KubeletStandalone,
 }
 
-/// An overlay's objects for `lease`, as one YAML stream for
+/// An overlay's objects for `lease` and `identity`, as one YAML stream for
 /// `kubectl apply -f -`.
-pub fn render(overlay: Overlay, lease: &LeaseRef) -> String {
+pub fn render(
+    overlay: Overlay,
+    lease: &LeaseRef,
+    identity: Identity,
+) -> Result<String, ManifestError> {
+    if identity == Identity::Kubelet && overlay == Overlay::Standalone {
+        return Err(ManifestError::KubeletStandalone);
+    }
     let mut out = String::new();
+    if identity == Identity::Kubelet {
+        out.push_str(
+            "# Rendered for kubelet's identity: user system:node:<node>, group system:nodes.\n",
+        );
+    }
     for file in files(overlay) {
-        if !out.is_empty() {
+        let mut text = replace_name(file.text, DEFAULT_LEASE_NAMESPACE, &lease.namespace);
+        text = replace_name(&text, DEFAULT_LEASE_NAME, &lease.name);
+        if identity == Identity::Kubelet {
+            text = without(&text, &KUBELET_HAS);
+            if text.trim().is_empty() {
+                continue;
+            }
+            // The group first: the user prefix is a part of it.
+            text = replace_name(&text, Identity::Own.group(), Identity::Kubelet.group());
+            let own = Identity::Own.user_prefix().trim_end_matches(':');
+            let kubelet = Identity::Kubelet.user_prefix().trim_end_matches(':');
+            text = replace_name(&text, own, kubelet);
+        }
+        if out.lines().any(|line| !line.starts_with('#')) {
             out.push_str("---\n");
         }
         out.push_str(&format!("# deploy/{}\n", file.path));
-        let text = replace_name(file.text, DEFAULT_LEASE_NAMESPACE, &lease.namespace);
-        out.push_str(&replace_name(&text, DEFAULT_LEASE_NAME, &lease.name));
+        out.push_str(&text);
         if !out.ends_with('\n') {
             out.push('\n');
         }
+    }
+    Ok(out)
+}
+
+/// `text`, a YAML stream, without the documents that are one of `objects`
+/// (kind, metadata.name), each with the comments above it.
+fn without(text: &str, objects: &[(&str, &str)]) -> String {
+    let mut kept = Vec::new();
+    for document in text.split("\n---\n") {
+        let kind = document.lines().find_map(|l| l.strip_prefix("kind: "));
+        let name = document
+            .lines()
+            .skip_while(|l| *l != "metadata:")
+            .find_map(|l| l.strip_prefix("  name: "));
+        let dropped = matches!((kind, name), (Some(k), Some(n)) if objects.contains(&(k.trim(), n.trim())));
+        if !dropped {
+            kept.push(document.trim_end_matches('\n'));
+        }
+    }
+    let mut out = kept.join("\n---\n");
+    if !out.is_empty() {
+        out.push('\n');
     }
     out
 }
@@ -244,8 +349,8 @@ mod tests {
         let other = LeaseRef::new("claim.example", "ops").unwrap();
         let mut changed = Vec::new();
         for overlay in [Overlay::Kruise, Overlay::Standalone] {
-            let before = documents(&render(overlay, &LeaseRef::default()));
-            let after = documents(&render(overlay, &other));
+            let before = documents(&render(overlay, &LeaseRef::default(), Identity::Own).unwrap());
+            let after = documents(&render(overlay, &other, Identity::Own).unwrap());
             assert_eq!(before.len(), after.len());
             for (a, b) in before.iter().zip(&after) {
                 let name = format!("{}/{}", a["kind"].as_str().unwrap(), a["metadata"]["name"]);
@@ -267,17 +372,67 @@ mod tests {
             r#"ValidatingAdmissionPolicyBinding/"crr-proxy-lease-holder-claims".spec.paramRef.namespace"#,
         ];
         assert_eq!(changed, expected);
-        let rendered = render(Overlay::Standalone, &other);
+        let rendered = render(Overlay::Standalone, &other, Identity::Own).unwrap();
         assert!(rendered.contains("request.name == 'claim.example' && request.namespace == 'ops'"));
         assert!(!rendered.contains(DEFAULT_LEASE_NAME));
     }
 
     #[test]
     fn the_default_rendering_is_the_committed_files() {
-        let rendered = render(Overlay::Standalone, &LeaseRef::default());
+        let rendered = render(Overlay::Standalone, &LeaseRef::default(), Identity::Own).unwrap();
         for file in files(Overlay::Standalone) {
             assert!(rendered.contains(file.text), "{}", file.path);
         }
+    }
+
+    /// (kind, name) of each object, in order.
+    fn objects(docs: &[Value]) -> Vec<(String, String)> {
+        docs.iter()
+            .map(|d| {
+                let kind = d["kind"].as_str().unwrap().to_owned();
+                (kind, d["metadata"]["name"].as_str().unwrap().to_owned())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn kubelets_identity_names_kubelet_and_leaves_out_what_node_authorization_does() {
+        let lease = LeaseRef::default();
+        let own = render(Overlay::Kruise, &lease, Identity::Own).unwrap();
+        let kubelet = render(Overlay::Kruise, &lease, Identity::Kubelet).unwrap();
+        let expected: Vec<_> = objects(&documents(&own))
+            .into_iter()
+            .filter(|(k, n)| !KUBELET_HAS.contains(&(k.as_str(), n.as_str())))
+            .collect();
+        let docs = documents(&kubelet);
+        assert_eq!(objects(&docs), expected);
+        // Each of KUBELET_HAS was there to leave out.
+        assert_eq!(objects(&documents(&own)).len(), expected.len() + KUBELET_HAS.len());
+        assert!(!kubelet.contains("crr-proxy:node"), "{kubelet}");
+        for doc in &docs {
+            if let Some(subjects) = doc["subjects"].as_array() {
+                assert_eq!(subjects[0]["name"], "system:nodes", "{doc}");
+            }
+            if doc["kind"] == "ValidatingAdmissionPolicy" {
+                let text = doc.to_string();
+                assert!(text.contains("'system:nodes' in request.userInfo.groups"), "{text}");
+                assert!(text.contains("'system:node:' + "), "{text}");
+            }
+        }
+        // Nothing else differs: the same text once the names are put back.
+        let back = kubelet
+            .replace("system:nodes", "crr-proxy:nodes")
+            .replace("system:node:", "crr-proxy:node:");
+        for doc in documents(&back) {
+            assert!(documents(&own).contains(&doc), "{doc}");
+        }
+    }
+
+    #[test]
+    fn kubelets_identity_is_refused_for_standalone() {
+        let error = render(Overlay::Standalone, &LeaseRef::default(), Identity::Kubelet).unwrap_err();
+        assert_eq!(error, ManifestError::KubeletStandalone);
+        assert!(error.to_string().contains("node-identity.sh"));
     }
 
     #[test]

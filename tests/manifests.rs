@@ -161,7 +161,7 @@ fn validate(stream: &str, version: &str) -> (bool, String) {
 #[test]
 fn every_overlay_renders_to_what_manifests_prints_and_to_valid_objects() {
     let root = env!("CARGO_MANIFEST_DIR");
-    for (overlay, count) in [("kruise", 11), ("standalone", 17)] {
+    for (overlay, count) in [("kruise", 13), ("standalone", 17)] {
         let built = output(
             std::process::Command::new(kustomize())
                 .arg("build")
@@ -208,6 +208,45 @@ fn every_overlay_renders_to_what_manifests_prints_and_to_valid_objects() {
         standalone
             .contains_key("CustomResourceDefinition//containerrecreaterequests.apps.kruise.io")
     );
+}
+
+/// Rendered for kubelet's identity, kruise mode's objects are valid too;
+/// standalone mode is refused with the reason, as a usage error.
+#[test]
+fn kubelets_identity_renders_valid_objects_for_kruise_only() {
+    let manifests = |agent: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_crr-proxy"))
+            .args(["manifests", "--agent", agent, "--identity", "kubelet"])
+            .env_remove("CRR_PROXY_LEASE_NAME")
+            .env_remove("CRR_PROXY_LEASE_NAMESPACE")
+            .output()
+            .unwrap()
+    };
+    let kruise = manifests("kruise");
+    assert!(kruise.status.success());
+    let printed = String::from_utf8(kruise.stdout).unwrap();
+    let keys: Vec<String> = objects(&printed).into_keys().collect();
+    assert_eq!(
+        keys,
+        [
+            "ClusterRole//crr-proxy-kruise",
+            "ClusterRole//crr-restart",
+            "ClusterRoleBinding//crr-proxy-kruise",
+            "ValidatingAdmissionPolicy//crr-proxy-lease-holder-claims",
+            "ValidatingAdmissionPolicy//crr-proxy-own-node-crrs",
+            "ValidatingAdmissionPolicyBinding//crr-proxy-lease-holder-claims",
+            "ValidatingAdmissionPolicyBinding//crr-proxy-own-node-crrs",
+        ]
+    );
+    for version in ["1.30.0", "1.35.0"] {
+        let (valid, report) = validate(&printed, version);
+        assert!(valid, "at {version}:\n{report}");
+        assert_eq!(report.matches(" passed for resource ").count(), 7, "{report}");
+    }
+    let standalone = manifests("standalone");
+    assert_eq!(standalone.status.code(), Some(2));
+    let error = String::from_utf8_lossy(&standalone.stderr);
+    assert!(error.contains("kubelet's identity serves --agent kruise only"), "{error}");
 }
 
 /// The schema check refuses what it should, so that its passing means

@@ -427,11 +427,11 @@ async fn a_node_holds_the_lease_only_as_itself() {
 /// one to decide who may claim.
 #[tokio::test]
 async fn the_policies_rendered_for_another_lease_guard_that_lease() {
-    use crr_proxy::manifests::{LeaseRef, Overlay, render};
+    use crr_proxy::manifests::{Identity, LeaseRef, Overlay, render};
     use k8s_openapi::api::coordination::v1::Lease;
     use kube::api::PostParams;
     let other = LeaseRef::new("claim", "ops").unwrap();
-    let server = server_with(&render(Overlay::Kruise, &other)).await;
+    let server = server_with(&render(Overlay::Kruise, &other, Identity::Own).unwrap()).await;
     let create = |namespace: &str, name: &str| {
         let api: Api<Lease> = Api::namespaced(server.client_as("a"), namespace);
         let lease: Lease = serde_json::from_value(json!({
@@ -454,4 +454,96 @@ async fn the_policies_rendered_for_another_lease_guard_that_lease() {
     assert_eq!(made.0, 200, "{}", made.1);
     // node-a holds ops/claim: it claims the new CRR for node-b.
     assert_eq!(patch_crr(&server, "a", "new", for_b, false).await.0, 200);
+}
+
+/// The rules of the ClusterRoles that `manifests` binds to `group`.
+fn rules_bound_to(manifests: &str, group: &str) -> Value {
+    let docs: Vec<Value> = serde_saphyr::from_multiple(manifests).unwrap();
+    let bound: Vec<&str> = docs
+        .iter()
+        .filter(|d| d["kind"] == "ClusterRoleBinding")
+        .filter(|d| d["subjects"].as_array().unwrap().iter().any(|s| s["name"] == group))
+        .map(|d| d["roleRef"]["name"].as_str().unwrap())
+        .collect();
+    let rules: Vec<Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == "ClusterRole")
+        .filter(|d| bound.contains(&d["metadata"]["name"].as_str().unwrap()))
+        .flat_map(|d| d["rules"].as_array().unwrap().clone())
+        .collect();
+    Value::Array(rules)
+}
+
+/// Kruise mode under kubelet's identity, as `crr-proxy manifests --agent
+/// kruise --identity kubelet` renders it, with the API server's Node
+/// authorizer and NodeRestriction: a node writes only its own CRRs, reads
+/// only its own Pods (what the agent needs), and kubelet's own writes (its
+/// Pods' status, its heartbeat Lease) meet none of crr-proxy's policies.
+#[tokio::test]
+async fn kubelets_identity_is_confined_to_its_node_and_kubelet_is_left_alone() {
+    use crr_proxy::manifests::{Identity, LeaseRef, Overlay, render};
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::{ListParams, PostParams};
+
+    let rendered = render(Overlay::Kruise, &LeaseRef::default(), Identity::Kubelet).unwrap();
+    let server = server_with(&rendered).await;
+    server.add_namespace("kube-node-lease");
+    let rules = rules_bound_to(&rendered, "system:nodes");
+    for node in ["node-a", "node-b"] {
+        server.add_user(&format!("kubelet-{node}"), UserInfo::kubelet(node));
+        server.grant(&format!("system:node:{node}"), &rules);
+    }
+    let a = "kubelet-node-a";
+
+    // Its own CRR's status; not another node's.
+    let states = json!({"status": {"phase": "Recreating"}});
+    assert_eq!(patch_crr(&server, a, "of-a", states.clone(), true).await.0, 200);
+    let (status, message) = patch_crr(&server, a, "of-b", states, true).await;
+    assert_eq!(status, 403);
+    assert!(message.ends_with("this ContainerRecreateRequest belongs to another node"), "{message}");
+
+    // Pods: what the agent reads of its own node, and nothing more.
+    let pods: Api<Pod> = Api::all(server.client_as(a));
+    let own = ListParams::default().fields("spec.nodeName=node-a");
+    assert_eq!(code(pods.list(&own).await).0, 200);
+    let (status, message) = code(pods.list(&ListParams::default()).await);
+    assert_eq!(status, 403, "every Pod of the cluster: {message}");
+    let in_default: Api<Pod> = Api::namespaced(server.client_as(a), "default");
+    assert_eq!(code(in_default.get("pod-a").await).0, 200);
+    assert_eq!(code(in_default.get("pod-b").await).0, 403);
+
+    // kubelet's own writes: its Pod's status, and its heartbeat.
+    let ready = json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}});
+    let pp = PatchParams::default();
+    assert_eq!(
+        code(in_default.patch_status("pod-a", &pp, &Patch::Merge(&ready)).await).0,
+        200
+    );
+    assert_eq!(
+        code(in_default.patch_status("pod-b", &pp, &Patch::Merge(&ready)).await).0,
+        403
+    );
+    let heartbeat: Lease = serde_json::from_value(json!({
+        "metadata": {"name": "node-a"},
+        "spec": {"holderIdentity": "node-a", "leaseDurationSeconds": 40}
+    }))
+    .unwrap();
+    let node_leases: Api<Lease> = Api::namespaced(server.client_as(a), "kube-node-lease");
+    assert_eq!(code(node_leases.create(&PostParams::default(), &heartbeat).await).0, 200);
+    let renewed = json!({"spec": {"renewTime": "2026-12-05T12:00:00.000000Z"}});
+    assert_eq!(
+        code(node_leases.patch("node-a", &pp, &Patch::Merge(&renewed)).await).0,
+        200
+    );
+
+    // Why standalone is not offered: its Lease is out of a kubelet's reach.
+    let claimer: Lease = serde_json::from_value(json!({
+        "metadata": {"name": "crr-proxy-claimer"},
+        "spec": {"holderIdentity": "node-a"}
+    }))
+    .unwrap();
+    let leases: Api<Lease> = Api::namespaced(server.client_as(a), "crr-proxy-system");
+    let (status, message) = code(leases.create(&PostParams::default(), &claimer).await);
+    assert_eq!(status, 403);
+    assert!(message.contains("kube-node-lease"), "{message}");
 }

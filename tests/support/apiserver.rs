@@ -711,7 +711,15 @@ impl FakeApiServer {
             Method::DELETE => "delete",
             _ => "get",
         };
-        self.authorize(verb, "v1", "nodes", Some("proxy"), Some(node), None)?;
+        self.authorize(&Access {
+            verb,
+            group_version: "v1",
+            plural: "nodes",
+            subresource: Some("proxy"),
+            name: Some(node),
+            namespace: None,
+            field_selector: None,
+        })?;
         if self.get(Resource::Node, "", node).is_none() {
             return Err(ApiError::not_found(Resource::Node, node));
         }
@@ -732,28 +740,32 @@ impl FakeApiServer {
         }
     }
 
-    /// RBAC: 403 with the API server's message unless a rule allows it.
-    fn authorize(
-        &self,
-        verb: &str,
-        group_version: &str,
-        plural: &str,
-        subresource: Option<&str>,
-        name: Option<&str>,
-        namespace: Option<&str>,
-    ) -> Result<(), ApiError> {
+    /// Authorization as kube-apiserver's `--authorization-mode=Node,RBAC`
+    /// does it (the union: the first authorizer with an opinion decides,
+    /// `staging/src/k8s.io/apiserver/pkg/authorization/union/union.go`),
+    /// then, for a kubelet's writes, the NodeRestriction admission plugin:
+    /// 403 with the API server's message unless allowed.
+    fn authorize(&self, access: &Access<'_>) -> Result<(), ApiError> {
         let Ok(Some(user)) = CALLER.try_with(Clone::clone) else {
             return Ok(());
         };
+        let node = user
+            .username
+            .strip_prefix("system:node:")
+            .filter(|_| user.groups.iter().any(|g| g == "system:nodes"));
+        if let Some(node) = node {
+            self.node_restriction(node, access)?;
+            if self.node_authorizer(node, access) {
+                return Ok(());
+            }
+        }
         let grants = lock(&self.inner.grants);
         let Some(rules) = grants.get(&user.username) else {
             return Ok(());
         };
-        let group = group_version.rsplit_once('/').map_or("", |(g, _)| g);
-        let resource = match subresource {
-            Some(sub) => format!("{plural}/{sub}"),
-            None => plural.to_owned(),
-        };
+        let group = access.group();
+        let resource = access.resource();
+        let verb = access.verb;
         let has = |rule: &Value, field: &str, want: &str| {
             rule[field]
                 .as_array()
@@ -769,8 +781,8 @@ impl FakeApiServer {
         } else {
             format!("{resource}.{group}")
         };
-        let object = name.map(|n| format!(" {n:?}")).unwrap_or_default();
-        let scope = match namespace {
+        let object = access.name.map(|n| format!(" {n:?}")).unwrap_or_default();
+        let scope = match access.namespace {
             Some(ns) => format!(" in the namespace {ns:?}"),
             None => " at the cluster scope".to_owned(),
         };
@@ -782,6 +794,81 @@ impl FakeApiServer {
                 user.username, resource
             ),
         ))
+    }
+
+    /// The Node authorizer's allowances for kubelet `node`, of those a
+    /// crr-proxy under kubelet's identity meets
+    /// (`plugin/pkg/auth/authorizer/node/node_authorizer.go`,
+    /// `NodeAuthorizer.Authorize`; the static rules are `NodeRules` in
+    /// `plugin/pkg/auth/authorizer/rbac/bootstrappolicy/policy.go`). `false`
+    /// is its NoOpinion: RBAC decides.
+    fn node_authorizer(&self, node: &str, access: &Access<'_>) -> bool {
+        let verb = access.verb;
+        match (access.group(), access.resource().as_str()) {
+            // authorizePod: a get only of a Pod bound to the node; a list
+            // or watch only with fieldSelector spec.nodeName=<node>
+            // (AuthorizeNodeWithSelectors, on by default since 1.32).
+            ("", "pods") => match verb {
+                "get" => access
+                    .name
+                    .and_then(|name| self.get(Resource::Pod, access.namespace.unwrap_or(""), name))
+                    .is_some_and(|pod| pod["spec"]["nodeName"] == node),
+                "list" | "watch" => {
+                    access.field_selector == Some(format!("spec.nodeName={node}").as_str())
+                }
+                _ => false,
+            },
+            // NodeRules; NodeRestriction narrows it to the node's own Pods.
+            ("", "pods/status") => matches!(verb, "update" | "patch"),
+            // NodeRules: core Events only, not events.k8s.io's.
+            ("", "events") => matches!(verb, "create" | "update" | "patch"),
+            // authorizeLease: the node's own Lease in kube-node-lease.
+            ("coordination.k8s.io", "leases") => {
+                access.namespace == Some("kube-node-lease")
+                    && (verb == "create" || access.name == Some(node))
+            }
+            // authorizeNode: its own Node object.
+            ("", "nodes") => matches!(verb, "get" | "list" | "watch") && access.name == Some(node),
+            _ => false,
+        }
+    }
+
+    /// The NodeRestriction admission plugin, for the writes a crr-proxy
+    /// under kubelet's identity could try
+    /// (`plugin/pkg/admission/noderestriction/admission.go`, `Admit`):
+    /// the status only of the node's own Pods (`admitPodStatus`), Leases
+    /// only in kube-node-lease and only its own (`admitLease`).
+    fn node_restriction(&self, node: &str, access: &Access<'_>) -> Result<(), ApiError> {
+        if matches!(access.verb, "get" | "list" | "watch") {
+            return Ok(());
+        }
+        let forbidden = |message: String| Err(ApiError::new(403, "Forbidden", message));
+        match (access.group(), access.resource().as_str()) {
+            ("", "pods/status") => {
+                let pod = access
+                    .name
+                    .and_then(|name| self.get(Resource::Pod, access.namespace.unwrap_or(""), name));
+                if pod.is_some_and(|pod| pod["spec"]["nodeName"] != node) {
+                    return forbidden(format!(
+                        "node {node:?} can only update pod status for pods with their spec.nodeName set to itself"
+                    ));
+                }
+                Ok(())
+            }
+            ("coordination.k8s.io", "leases") => {
+                if access.namespace != Some("kube-node-lease") {
+                    return forbidden(format!(
+                        "can only access leases in the \"kube-node-lease\" namespace, not {:?}",
+                        access.namespace.unwrap_or("")
+                    ));
+                }
+                if access.verb != "create" && access.name != Some(node) {
+                    return forbidden("can only access node lease with the same name as the requesting node".into());
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Whether a CRR write through `view` is a v1beta1 request, which
@@ -1595,4 +1682,29 @@ fn validate_event(event: &Value) -> Result<(), ApiError> {
         }
     }
     Ok(())
+}
+
+/// What a request asks to do, as an authorizer sees it.
+pub(super) struct Access<'a> {
+    pub verb: &'a str,
+    pub group_version: &'a str,
+    pub plural: &'a str,
+    pub subresource: Option<&'a str>,
+    pub name: Option<&'a str>,
+    pub namespace: Option<&'a str>,
+    pub field_selector: Option<&'a str>,
+}
+
+impl Access<'_> {
+    fn group(&self) -> &str {
+        self.group_version.rsplit_once('/').map_or("", |(g, _)| g)
+    }
+
+    /// `plural`, or `plural/subresource`.
+    fn resource(&self) -> String {
+        match self.subresource {
+            Some(sub) => format!("{}/{sub}", self.plural),
+            None => self.plural.to_owned(),
+        }
+    }
 }

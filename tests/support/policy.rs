@@ -31,6 +31,15 @@ impl UserInfo {
             groups: vec!["crr-proxy:nodes".into(), "system:authenticated".into()],
         }
     }
+
+    /// kubelet's identity on `node` (its client certificate's subject).
+    #[allow(dead_code)] // each test binary uses a different part
+    pub fn kubelet(node: &str) -> Self {
+        Self {
+            username: format!("system:node:{node}"),
+            groups: vec!["system:nodes".into(), "system:authenticated".into()],
+        }
+    }
 }
 
 /// The admission attributes of one write.

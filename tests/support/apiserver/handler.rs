@@ -213,14 +213,15 @@ impl FakeApiServer {
             (&Method::DELETE, Some(_)) => "delete",
             _ => "deletecollection",
         };
-        self.authorize(
+        self.authorize(&Access {
             verb,
-            &group_version,
+            group_version: &group_version,
             plural,
             subresource,
             name,
-            namespace.as_deref(),
-        )?;
+            namespace: namespace.as_deref(),
+            field_selector: query.get("fieldSelector").map(String::as_str),
+        })?;
         let body = body
             .collect()
             .await
