@@ -32,6 +32,7 @@
 mod backoff;
 mod claim;
 mod context;
+mod credentials;
 mod daemon;
 pub mod kruise_daemon;
 mod lease;
@@ -211,6 +212,7 @@ pub async fn spawn(
     let lease = settings.lease.clone();
     let kubelet = settings.kubelet.clone();
     let endpoint = runtime.clone();
+    let kubeconfig = settings.kubeconfig.clone();
     let (stop, mut stopping) = watch::channel(false);
     let (stopped, stopped_rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
@@ -229,10 +231,16 @@ pub async fn spawn(
                 }
             };
             runtime.block_on(async move {
-                let client = match kube::Client::try_from(config) {
+                // A named kubeconfig is followed as its credentials change
+                // (kubelet's rotating certificate).
+                let client = match &kubeconfig {
+                    Some(path) => credentials::following(path).await,
+                    None => kube::Client::try_from(config).map_err(AgentError::Kube),
+                };
+                let client = match client {
                     Ok(client) => client,
                     Err(error) => {
-                        error!(%error, "cannot build the Kubernetes client; the proxy goes on without the agent");
+                        error!(error = %Chain(&error), "cannot build the Kubernetes client; the proxy goes on without the agent");
                         return;
                     }
                 };

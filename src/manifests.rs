@@ -75,7 +75,10 @@ const KUBELET_HAS: [(&str, &str); 6] = [
     ("ClusterRole", "crr-proxy-kruise-pods"),
     ("ClusterRoleBinding", "crr-proxy-kruise-pods"),
     ("ValidatingAdmissionPolicy", "crr-proxy-own-node-pods"),
-    ("ValidatingAdmissionPolicyBinding", "crr-proxy-own-node-pods"),
+    (
+        "ValidatingAdmissionPolicyBinding",
+        "crr-proxy-own-node-pods",
+    ),
     ("ValidatingAdmissionPolicy", "crr-proxy-lease-writes"),
     ("ValidatingAdmissionPolicyBinding", "crr-proxy-lease-writes"),
 ];
@@ -248,7 +251,8 @@ fn without(text: &str, objects: &[(&str, &str)]) -> String {
             .lines()
             .skip_while(|l| *l != "metadata:")
             .find_map(|l| l.strip_prefix("  name: "));
-        let dropped = matches!((kind, name), (Some(k), Some(n)) if objects.contains(&(k.trim(), n.trim())));
+        let dropped =
+            matches!((kind, name), (Some(k), Some(n)) if objects.contains(&(k.trim(), n.trim())));
         if !dropped {
             kept.push(document.trim_end_matches('\n'));
         }
@@ -407,7 +411,10 @@ mod tests {
         let docs = documents(&kubelet);
         assert_eq!(objects(&docs), expected);
         // Each of KUBELET_HAS was there to leave out.
-        assert_eq!(objects(&documents(&own)).len(), expected.len() + KUBELET_HAS.len());
+        assert_eq!(
+            objects(&documents(&own)).len(),
+            expected.len() + KUBELET_HAS.len()
+        );
         assert!(!kubelet.contains("crr-proxy:node"), "{kubelet}");
         for doc in &docs {
             if let Some(subjects) = doc["subjects"].as_array() {
@@ -415,7 +422,10 @@ mod tests {
             }
             if doc["kind"] == "ValidatingAdmissionPolicy" {
                 let text = doc.to_string();
-                assert!(text.contains("'system:nodes' in request.userInfo.groups"), "{text}");
+                assert!(
+                    text.contains("'system:nodes' in request.userInfo.groups"),
+                    "{text}"
+                );
                 assert!(text.contains("'system:node:' + "), "{text}");
             }
         }
@@ -430,7 +440,8 @@ mod tests {
 
     #[test]
     fn kubelets_identity_is_refused_for_standalone() {
-        let error = render(Overlay::Standalone, &LeaseRef::default(), Identity::Kubelet).unwrap_err();
+        let error =
+            render(Overlay::Standalone, &LeaseRef::default(), Identity::Kubelet).unwrap_err();
         assert_eq!(error, ManifestError::KubeletStandalone);
         assert!(error.to_string().contains("node-identity.sh"));
     }

@@ -241,12 +241,19 @@ fn kubelets_identity_renders_valid_objects_for_kruise_only() {
     for version in ["1.30.0", "1.35.0"] {
         let (valid, report) = validate(&printed, version);
         assert!(valid, "at {version}:\n{report}");
-        assert_eq!(report.matches(" passed for resource ").count(), 7, "{report}");
+        assert_eq!(
+            report.matches(" passed for resource ").count(),
+            7,
+            "{report}"
+        );
     }
     let standalone = manifests("standalone");
     assert_eq!(standalone.status.code(), Some(2));
     let error = String::from_utf8_lossy(&standalone.stderr);
-    assert!(error.contains("kubelet's identity serves --agent kruise only"), "{error}");
+    assert!(
+        error.contains("kubelet's identity serves --agent kruise only"),
+        "{error}"
+    );
 }
 
 /// The schema check refuses what it should, so that its passing means

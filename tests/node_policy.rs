@@ -456,24 +456,6 @@ async fn the_policies_rendered_for_another_lease_guard_that_lease() {
     assert_eq!(patch_crr(&server, "a", "new", for_b, false).await.0, 200);
 }
 
-/// The rules of the ClusterRoles that `manifests` binds to `group`.
-fn rules_bound_to(manifests: &str, group: &str) -> Value {
-    let docs: Vec<Value> = serde_saphyr::from_multiple(manifests).unwrap();
-    let bound: Vec<&str> = docs
-        .iter()
-        .filter(|d| d["kind"] == "ClusterRoleBinding")
-        .filter(|d| d["subjects"].as_array().unwrap().iter().any(|s| s["name"] == group))
-        .map(|d| d["roleRef"]["name"].as_str().unwrap())
-        .collect();
-    let rules: Vec<Value> = docs
-        .iter()
-        .filter(|d| d["kind"] == "ClusterRole")
-        .filter(|d| bound.contains(&d["metadata"]["name"].as_str().unwrap()))
-        .flat_map(|d| d["rules"].as_array().unwrap().clone())
-        .collect();
-    Value::Array(rules)
-}
-
 /// Kruise mode under kubelet's identity, as `crr-proxy manifests --agent
 /// kruise --identity kubelet` renders it, with the API server's Node
 /// authorizer and NodeRestriction: a node writes only its own CRRs, reads
@@ -488,7 +470,7 @@ async fn kubelets_identity_is_confined_to_its_node_and_kubelet_is_left_alone() {
     let rendered = render(Overlay::Kruise, &LeaseRef::default(), Identity::Kubelet).unwrap();
     let server = server_with(&rendered).await;
     server.add_namespace("kube-node-lease");
-    let rules = rules_bound_to(&rendered, "system:nodes");
+    let rules = support::policy::rules_bound_to(&rendered, "system:nodes");
     for node in ["node-a", "node-b"] {
         server.add_user(&format!("kubelet-{node}"), UserInfo::kubelet(node));
         server.grant(&format!("system:node:{node}"), &rules);
@@ -497,10 +479,16 @@ async fn kubelets_identity_is_confined_to_its_node_and_kubelet_is_left_alone() {
 
     // Its own CRR's status; not another node's.
     let states = json!({"status": {"phase": "Recreating"}});
-    assert_eq!(patch_crr(&server, a, "of-a", states.clone(), true).await.0, 200);
+    assert_eq!(
+        patch_crr(&server, a, "of-a", states.clone(), true).await.0,
+        200
+    );
     let (status, message) = patch_crr(&server, a, "of-b", states, true).await;
     assert_eq!(status, 403);
-    assert!(message.ends_with("this ContainerRecreateRequest belongs to another node"), "{message}");
+    assert!(
+        message.ends_with("this ContainerRecreateRequest belongs to another node"),
+        "{message}"
+    );
 
     // Pods: what the agent reads of its own node, and nothing more.
     let pods: Api<Pod> = Api::all(server.client_as(a));
@@ -516,11 +504,21 @@ async fn kubelets_identity_is_confined_to_its_node_and_kubelet_is_left_alone() {
     let ready = json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}});
     let pp = PatchParams::default();
     assert_eq!(
-        code(in_default.patch_status("pod-a", &pp, &Patch::Merge(&ready)).await).0,
+        code(
+            in_default
+                .patch_status("pod-a", &pp, &Patch::Merge(&ready))
+                .await
+        )
+        .0,
         200
     );
     assert_eq!(
-        code(in_default.patch_status("pod-b", &pp, &Patch::Merge(&ready)).await).0,
+        code(
+            in_default
+                .patch_status("pod-b", &pp, &Patch::Merge(&ready))
+                .await
+        )
+        .0,
         403
     );
     let heartbeat: Lease = serde_json::from_value(json!({
@@ -529,10 +527,18 @@ async fn kubelets_identity_is_confined_to_its_node_and_kubelet_is_left_alone() {
     }))
     .unwrap();
     let node_leases: Api<Lease> = Api::namespaced(server.client_as(a), "kube-node-lease");
-    assert_eq!(code(node_leases.create(&PostParams::default(), &heartbeat).await).0, 200);
+    assert_eq!(
+        code(node_leases.create(&PostParams::default(), &heartbeat).await).0,
+        200
+    );
     let renewed = json!({"spec": {"renewTime": "2026-12-05T12:00:00.000000Z"}});
     assert_eq!(
-        code(node_leases.patch("node-a", &pp, &Patch::Merge(&renewed)).await).0,
+        code(
+            node_leases
+                .patch("node-a", &pp, &Patch::Merge(&renewed))
+                .await
+        )
+        .0,
         200
     );
 

@@ -576,6 +576,25 @@ impl FakeApiServer {
         server
     }
 
+    /// A server under the objects `crr-proxy manifests --agent kruise
+    /// --identity kubelet` renders (its policies, and its roles' rules for
+    /// kubelet's user), where `token` authenticates as `node`'s kubelet.
+    #[allow(dead_code)] // each test binary uses a different part
+    pub async fn start_for_kubelet(node: &str, token: &str) -> Self {
+        use crr_proxy::manifests::{Identity, LeaseRef, Overlay, render};
+        let server = Self::start().await;
+        let rendered = render(Overlay::Kruise, &LeaseRef::default(), Identity::Kubelet)
+            .expect("kruise mode renders for kubelet");
+        server.add_policies(&rendered);
+        let user = UserInfo::kubelet(node);
+        server.grant(
+            &user.username,
+            &policy::rules_bound_to(&rendered, "system:nodes"),
+        );
+        server.add_user(token, user);
+        server
+    }
+
     /// A kube client for this server.
     pub fn client(&self) -> kube::Client {
         kube::Client::try_from(self.config()).expect("kube client")
@@ -863,7 +882,10 @@ impl FakeApiServer {
                     ));
                 }
                 if access.verb != "create" && access.name != Some(node) {
-                    return forbidden("can only access node lease with the same name as the requesting node".into());
+                    return forbidden(
+                        "can only access node lease with the same name as the requesting node"
+                            .into(),
+                    );
                 }
                 Ok(())
             }
@@ -1022,6 +1044,13 @@ impl FakeApiServer {
     /// Authenticates `token` as `user`.
     pub fn add_user(&self, token: &str, user: UserInfo) {
         lock(&self.inner.users).insert(token.to_owned(), user);
+    }
+
+    /// `token` authenticates no one from now on (a revoked credential, an
+    /// expired certificate): 401.
+    #[allow(dead_code)] // each test binary uses a different part
+    pub fn remove_user(&self, token: &str) {
+        lock(&self.inner.users).remove(token);
     }
 
     /// A Namespace, as `kubectl apply -k deploy/standalone` makes

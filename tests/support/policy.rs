@@ -314,3 +314,28 @@ impl Policy {
         Ok(())
     }
 }
+
+/// The rules of the ClusterRoles that `manifests` binds to `group`.
+#[allow(dead_code)] // each test binary uses a different part
+pub fn rules_bound_to(manifests: &str, group: &str) -> Value {
+    let docs: Vec<Value> = serde_saphyr::from_multiple(manifests).unwrap();
+    let bound: Vec<&str> = docs
+        .iter()
+        .filter(|d| d["kind"] == "ClusterRoleBinding")
+        .filter(|d| {
+            d["subjects"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s["name"] == group)
+        })
+        .map(|d| d["roleRef"]["name"].as_str().unwrap())
+        .collect();
+    let rules: Vec<Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == "ClusterRole")
+        .filter(|d| bound.contains(&d["metadata"]["name"].as_str().unwrap()))
+        .flat_map(|d| d["rules"].as_array().unwrap().clone())
+        .collect();
+    Value::Array(rules)
+}

@@ -1,0 +1,237 @@
+//! The agent's API client follows its kubeconfig's credentials as they
+//! change on disk.
+//!
+//! kube reads a client certificate once, when a client is built. Under
+//! kubelet's identity the kubeconfig names `kubelet-client-current.pem`,
+//! which kubelet replaces with a new certificate at 70–90 % of the old
+//! one's life (client-go's `certificate_manager.go`,
+//! `nextRotationDeadline`); an operator may also rewrite crr-proxy's own
+//! kubeconfig with a new credential. A daemon that runs for months must
+//! take either without a restart, which would cut kubelet's CRI calls
+//! short. So the agent's requests go through a client that is built again
+//! when the kubeconfig, or a file it names, has changed: looked at every
+//! minute, and at once after the API server answers 401. Requests in
+//! flight (a watch) finish on the client they began on.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use http::{Request, Response, StatusCode};
+use kube::client::Body;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use tokio::sync::Notify;
+use tracing::{debug, info, warn};
+
+use super::AgentError;
+
+/// How often the files are compared with those the client was built from.
+/// kubelet renews its certificate weeks before the old one expires, so a
+/// minute is prompt; a 401 asks at once.
+const EVERY: Duration = Duration::from_secs(60);
+
+/// The least time between two looks, so that a run of 401s (a credential
+/// revoked for good) reads the files once a second at most.
+const PAUSE: Duration = Duration::from_secs(1);
+
+/// A client for `kubeconfig` whose credentials follow the files.
+pub(crate) async fn following(kubeconfig: &Path) -> Result<kube::Client, AgentError> {
+    let sources = Sources::read(kubeconfig).await?;
+    let config = load(kubeconfig).await?;
+    let namespace = config.default_namespace.clone();
+    let client = kube::Client::try_from(config).map_err(AgentError::Kube)?;
+    let shared = Arc::new(Shared {
+        client: RwLock::new(client),
+        stale: Notify::new(),
+    });
+    tokio::spawn(watch(kubeconfig.to_owned(), sources, Arc::clone(&shared)));
+    Ok(kube::Client::new(Following { shared }, namespace))
+}
+
+async fn load(kubeconfig: &Path) -> Result<kube::Config, AgentError> {
+    let bad = |e: &dyn std::fmt::Display| {
+        AgentError::KubeConfig(format!("{}: {e}", kubeconfig.display()))
+    };
+    let parsed = Kubeconfig::read_from(kubeconfig).map_err(|e| bad(&e))?;
+    kube::Config::from_custom_kubeconfig(parsed, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| bad(&e))
+}
+
+/// The client in use, and the signal that it may be out of date.
+struct Shared {
+    client: RwLock<kube::Client>,
+    stale: Notify,
+}
+
+impl Shared {
+    fn current(&self) -> kube::Client {
+        // A poisoned lock still holds a whole client.
+        match self.client.read() {
+            Ok(client) => client.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn replace(&self, client: kube::Client) {
+        match self.client.write() {
+            Ok(mut current) => *current = client,
+            Err(poisoned) => *poisoned.into_inner() = client,
+        }
+    }
+}
+
+/// Each request on the client of the moment.
+#[derive(Clone)]
+struct Following {
+    shared: Arc<Shared>,
+}
+
+impl tower::Service<Request<Body>> for Following {
+    type Response = Response<Body>;
+    type Error = kube::Error;
+    type Future = BoxFuture<'static, Result<Response<Body>, kube::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let client = self.shared.current();
+        let shared = Arc::clone(&self.shared);
+        Box::pin(async move {
+            let response = client.send(request).await?;
+            if response.status() == StatusCode::UNAUTHORIZED {
+                shared.stale.notify_one();
+            }
+            Ok(response)
+        })
+    }
+}
+
+/// Builds the client again whenever the files differ from those it was
+/// built from. A failed build keeps the client in use.
+async fn watch(kubeconfig: PathBuf, mut built_from: Sources, shared: Arc<Shared>) {
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(EVERY) => {}
+            () = shared.stale.notified() => {}
+        }
+        match Sources::read(&kubeconfig).await {
+            // kubelet swaps the certificate's link by removing it first: a
+            // file missing for a moment is looked at again.
+            Err(error) => {
+                debug!(%error, "cannot read the kubeconfig's files now; looking again");
+                tokio::time::sleep(PAUSE).await;
+                shared.stale.notify_one();
+            }
+            Ok(now) if now == built_from => {}
+            Ok(now) => match load(&kubeconfig)
+                .await
+                .and_then(|config| kube::Client::try_from(config).map_err(AgentError::Kube))
+            {
+                Ok(client) => {
+                    shared.replace(client);
+                    built_from = now;
+                    info!(kubeconfig = %kubeconfig.display(), "the kubeconfig or a credential it names changed; new requests use it");
+                }
+                Err(error) => {
+                    warn!(%error, "the kubeconfig changed but cannot be used; keeping the credentials in use");
+                    built_from = now;
+                }
+            },
+        }
+        tokio::time::sleep(PAUSE).await;
+    }
+}
+
+/// What a client is built from: the kubeconfig's bytes, and those of each
+/// file it names for a credential or for the server's CA.
+#[derive(Debug, PartialEq, Eq)]
+struct Sources(Vec<(PathBuf, Vec<u8>)>);
+
+impl Sources {
+    async fn read(kubeconfig: &Path) -> Result<Self, AgentError> {
+        let kubeconfig = kubeconfig.to_owned();
+        tokio::task::spawn_blocking(move || Self::read_now(&kubeconfig))
+            .await
+            .map_err(|e| AgentError::KubeConfig(e.to_string()))?
+    }
+
+    fn read_now(kubeconfig: &Path) -> Result<Self, AgentError> {
+        let read = |path: &Path| {
+            std::fs::read(path)
+                .map_err(|e| AgentError::KubeConfig(format!("{}: {e}", path.display())))
+        };
+        let mut files = vec![(kubeconfig.to_owned(), read(kubeconfig)?)];
+        let parsed = Kubeconfig::read_from(kubeconfig)
+            .map_err(|e| AgentError::KubeConfig(format!("{}: {e}", kubeconfig.display())))?;
+        let named = parsed
+            .auth_infos
+            .iter()
+            .filter_map(|a| a.auth_info.as_ref())
+            .flat_map(|a| [&a.client_certificate, &a.client_key, &a.token_file])
+            .chain(
+                parsed
+                    .clusters
+                    .iter()
+                    .filter_map(|c| c.cluster.as_ref())
+                    .map(|c| &c.certificate_authority),
+            )
+            .flatten();
+        for path in named {
+            let path = PathBuf::from(path);
+            if !files.iter().any(|(seen, _)| *seen == path) {
+                let bytes = read(&path)?;
+                files.push((path, bytes));
+            }
+        }
+        Ok(Self(files))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
+
+    use super::*;
+
+    fn kubeconfig(dir: &Path, cert: &str) -> PathBuf {
+        let path = dir.join("kubelet.conf");
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:6443\n\
+             users:\n- name: default-auth\n  user:\n    client-certificate: {cert}\n    client-key: {cert}\n\
+             contexts:\n- name: x\n  context:\n    cluster: c\n    user: default-auth\ncurrent-context: x\n"
+        );
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn a_renewed_certificate_behind_the_same_name_is_a_change() {
+        let dir =
+            std::env::temp_dir().join(format!("crr-proxy-credentials-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let first = dir.join("kubelet-client-2026-01-01.pem");
+        let second = dir.join("kubelet-client-2026-10-01.pem");
+        std::fs::write(&first, "first").unwrap();
+        std::fs::write(&second, "second").unwrap();
+        let current = dir.join("kubelet-client-current.pem");
+        std::os::unix::fs::symlink(&first, &current).unwrap();
+        // Relative to the kubeconfig's folder, as kube reads it.
+        let path = kubeconfig(&dir, "kubelet-client-current.pem");
+        let before = Sources::read_now(&path).unwrap();
+        assert_eq!(before.0.len(), 2, "{before:?}");
+        assert_eq!(Sources::read_now(&path).unwrap(), before);
+        // As kubelet's certificate store swaps it: the link goes, then comes
+        // back to the new file.
+        std::fs::remove_file(&current).unwrap();
+        assert!(Sources::read_now(&path).is_err());
+        std::os::unix::fs::symlink(&second, &current).unwrap();
+        assert_ne!(Sources::read_now(&path).unwrap(), before);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
