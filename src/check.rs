@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    FieldSelectorAttributes, ResourceAttributes, SelfSubjectAccessReview,
+    SelfSubjectAccessReviewSpec,
 };
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
@@ -21,16 +22,12 @@ use crate::agent::{self, LeaseSettings, Mode};
 use crate::cri::Endpoint;
 use crate::cri::v1::VersionRequest;
 use crate::crr::client::ApiVersion;
+use crate::manifests::{Identity, ManifestError};
 
 mod kubelet;
 use kubelet::{Flags, Layered};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The per-node identity scripts/node-identity.sh issues:
-/// `crr-proxy:node:<node>` in the group `crr-proxy:nodes`.
-const NODE_USER_PREFIX: &str = "crr-proxy:node:";
-const NODE_GROUP: &str = "crr-proxy:nodes";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -458,11 +455,24 @@ fn needed(mode: Mode) -> Vec<(&'static str, &'static str, &'static str, &'static
     verbs
 }
 
-/// One SelfSubjectAccessReview per verb the mode needs.
-async fn rbac(client: &kube::Client, mode: Mode) -> Result<String, Verdict> {
+/// One SelfSubjectAccessReview per verb the mode needs. Under kubelet's
+/// identity (`kubelet`: its node), Node authorization answers for the
+/// node's own Pods: a list or watch is asked with the field selector the
+/// agent sends, and a get, which it allows only by a Pod's name, is not
+/// asked.
+async fn rbac(client: &kube::Client, mode: Mode, kubelet: Option<&str>) -> Result<String, Verdict> {
     let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
     let mut denied = Vec::new();
     for (group, resource, subresource, verb) in needed(mode) {
+        let pods = group.is_empty() && resource == "pods" && subresource.is_empty();
+        let field_selector = match kubelet {
+            Some(_) if pods && verb == "get" => continue,
+            Some(node) if pods => Some(FieldSelectorAttributes {
+                raw_selector: Some(format!("spec.nodeName={node}")),
+                requirements: None,
+            }),
+            _ => None,
+        };
         let review = SelfSubjectAccessReview {
             spec: SelfSubjectAccessReviewSpec {
                 resource_attributes: Some(ResourceAttributes {
@@ -470,6 +480,7 @@ async fn rbac(client: &kube::Client, mode: Mode) -> Result<String, Verdict> {
                     resource: Some(resource.into()),
                     subresource: (!subresource.is_empty()).then(|| subresource.into()),
                     verb: Some(verb.into()),
+                    field_selector,
                     ..Default::default()
                 }),
                 ..Default::default()
@@ -622,8 +633,13 @@ async fn kruise_daemon(client: &kube::Client, node: &str) -> Result<String, Verd
     }
 }
 
-/// identity deploy/base/node-policy.yaml expects for `node`.
-async fn identity(client: &kube::Client, node: &str) -> Result<String, Verdict> {
+/// identity deploy/base/node-policy.yaml expects for `node`, or kubelet's
+/// own (kruise mode only); and which of the two it is.
+async fn identity(
+    client: &kube::Client,
+    node: &str,
+    mode: Mode,
+) -> (Result<String, Verdict>, Option<Identity>) {
     let review = SelfSubjectReview::default();
     let answer = Api::<SelfSubjectReview>::all(client.clone())
         .create(&PostParams::default(), &review)
@@ -631,32 +647,41 @@ async fn identity(client: &kube::Client, node: &str) -> Result<String, Verdict> 
     let user = match answer {
         Ok(review) => review.status.and_then(|s| s.user_info).unwrap_or_default(),
         Err(kube::Error::Api(status)) if status.code == 404 => {
-            return Err(Verdict::Skip(
-                "the API server has no SelfSubjectReview (before 1.28)".into(),
-            ));
+            let skip = "the API server has no SelfSubjectReview (before 1.28)";
+            return (Err(Verdict::Skip(skip.into())), None);
         }
-        Err(error) => return Err(fail(error)),
+        Err(error) => return (Err(fail(error)), None),
     };
     let name = user.username.unwrap_or_default();
-    let expected = format!("{NODE_USER_PREFIX}{node}");
-    let is_node_identity = user
-        .groups
-        .unwrap_or_default()
-        .iter()
-        .any(|g| g == NODE_GROUP);
-    if name == expected {
-        Ok(format!(
-            "{name}, confined to node {node:?} by deploy/base/node-policy.yaml"
-        ))
-    } else if is_node_identity || name.starts_with(NODE_USER_PREFIX) {
+    let groups = user.groups.unwrap_or_default();
+    let Some(identity) = [Identity::Own, Identity::Kubelet]
+        .into_iter()
+        .find(|i| groups.iter().any(|g| g == i.group()) || name.starts_with(i.user_prefix()))
+    else {
+        return (
+            Err(Verdict::Skip(format!(
+                "{name}: not a per-node identity, so deploy/base/node-policy.yaml does not confine it (scripts/node-identity.sh)"
+            ))),
+            None,
+        );
+    };
+    let expected = format!("{}{node}", identity.user_prefix());
+    let verdict = if name != expected {
         Err(fail(format!(
             "{name} is another node's identity: with --node-name {node:?}, deploy/base/node-policy.yaml refuses every write (want {expected})"
         )))
+    } else if identity == Identity::Own {
+        Ok(format!(
+            "{name}, confined to node {node:?} by deploy/base/node-policy.yaml"
+        ))
+    } else if mode == Mode::Standalone {
+        Err(fail(ManifestError::KubeletStandalone))
     } else {
-        Err(Verdict::Skip(format!(
-            "{name}: not a per-node identity, so deploy/base/node-policy.yaml does not confine it (scripts/node-identity.sh)"
-        )))
-    }
+        Ok(format!(
+            "{name} (kubelet's), confined to node {node:?} by Node authorization and crr-proxy manifests --agent kruise --identity kubelet"
+        ))
+    };
+    (verdict, Some(identity))
 }
 
 /// The checks that need the API server; kubelet's `/configz` answer when
@@ -702,8 +727,10 @@ async fn kubernetes(
         }
     }
 
-    report.add("identity", identity(&client, &settings.node_name).await);
-    report.add("RBAC", rbac(&client, settings.mode).await);
+    let (verdict, who) = identity(&client, &settings.node_name, settings.mode).await;
+    report.add("identity", verdict);
+    let kubelet = (who == Some(Identity::Kubelet)).then_some(settings.node_name.as_str());
+    report.add("RBAC", rbac(&client, settings.mode, kubelet).await);
 
     report.add("CRD", crd_versions(&client).await);
     if settings.mode == Mode::Standalone {

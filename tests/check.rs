@@ -213,3 +213,52 @@ async fn everything_in_place_passes_and_each_gap_fails_by_name() {
         "{table}"
     );
 }
+
+/// Under kubelet's identity, kruise mode's identity and RBAC rows pass on
+/// what `crr-proxy manifests --agent kruise --identity kubelet` and Node
+/// authorization allow (Pods asked with the agent's field selector);
+/// standalone's identity row fails and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelets_identity_passes_in_kruise_mode_and_fails_in_standalone() {
+    let api = FakeApiServer::start_for_kubelet("node-a", "kubelet-token").await;
+    let listen = support::temp_socket("check-kubelet");
+    let kubeconfig = listen.with_file_name("kubelet.conf");
+    support::write_kubeconfig_as(&kubeconfig, &api.url, Some("kubelet-token"));
+    let kubelet = listen.with_file_name("kubelet.yaml");
+    std::fs::write(&kubelet, "kind: KubeletConfiguration\n").unwrap();
+    let absent = format!("unix://{}", listen.with_file_name("absent.sock").display());
+    let args = |mode: &'static str| {
+        [
+            "--runtime-endpoint".to_owned(),
+            absent.clone(),
+            "--listen".to_owned(),
+            listen.to_str().unwrap().to_owned(),
+            "--agent".to_owned(),
+            mode.to_owned(),
+            "--node-name".to_owned(),
+            "node-a".to_owned(),
+        ]
+    };
+    let kruise = args("kruise");
+    let kruise: Vec<&str> = kruise.iter().map(String::as_str).collect();
+    let (_, table) = check(&kruise, &kubeconfig, &kubelet).await;
+    let identity = row(&table, "identity");
+    assert!(
+        identity.contains("pass") && identity.contains("system:node:node-a (kubelet's)"),
+        "{table}"
+    );
+    assert!(row(&table, "RBAC").contains("pass"), "{table}");
+
+    let standalone = args("standalone");
+    let standalone: Vec<&str> = standalone.iter().map(String::as_str).collect();
+    let (code, table) = check(&standalone, &kubeconfig, &kubelet).await;
+    assert_ne!(code, 0, "{table}");
+    let identity = row(&table, "identity");
+    assert!(
+        identity.contains("FAIL") && identity.contains("serves --agent kruise only"),
+        "{table}"
+    );
+    // Standalone's verbs are not all granted to kubelets either.
+    assert!(row(&table, "RBAC").contains("FAIL"), "{table}");
+    support::remove_socket_dir(&listen);
+}

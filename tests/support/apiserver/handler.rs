@@ -112,7 +112,25 @@ impl FakeApiServer {
             if let Some(sub) = attributes["subresource"].as_str().filter(|s| !s.is_empty()) {
                 rule = format!("{rule}/{sub}");
             }
-            let allowed = !lock(&self.inner.denied).contains(&rule);
+            // Answered by the same authorizers as the request would be.
+            let group = attributes["group"].as_str().unwrap_or("");
+            let group_version = if group.is_empty() {
+                "v1".to_owned()
+            } else {
+                format!("{group}/v1")
+            };
+            let as_request = self
+                .authorize(&Access {
+                    verb: attributes["verb"].as_str().unwrap_or(""),
+                    group_version: &group_version,
+                    plural: attributes["resource"].as_str().unwrap_or(""),
+                    subresource: attributes["subresource"].as_str().filter(|s| !s.is_empty()),
+                    name: attributes["name"].as_str().filter(|s| !s.is_empty()),
+                    namespace: attributes["namespace"].as_str().filter(|s| !s.is_empty()),
+                    field_selector: attributes["fieldSelector"]["rawSelector"].as_str(),
+                })
+                .is_ok();
+            let allowed = as_request && !lock(&self.inner.denied).contains(&rule);
             review["status"] = json!({"allowed": allowed});
             return Ok(respond(201, &review));
         }
