@@ -5,16 +5,23 @@
 # configuration changed); `--uninstall` undoes it: kubelet's endpoints as
 # they were before, in its configuration as it is now.
 #
-#   scripts/install.sh [--binary PATH] [--kubelet-config PATH] [--kubeconfig FILE]
+#   scripts/install.sh [--binary PATH] [--kubelet-config PATH]
+#                      [--kubeconfig FILE | --identity kubelet]
 #                      [--kubelet-only] [--uninstall]
 #
 #   --binary PATH          crr-proxy to install (default: target/release/crr-proxy
 #                          in a checkout, bin/crr-proxy in a release tarball)
 #   --kubelet-only         only switch kubelet (or, with --uninstall, only put it
-#                          back): crr-proxy itself came from the .deb
+#                          back), and set the identity if one is given: crr-proxy
+#                          itself came from the .deb
 #   --kubelet-config PATH  KubeletConfiguration file (default: /var/lib/kubelet/config.yaml)
 #   --kubeconfig FILE      the node's identity (scripts/node-identity.sh), installed
 #                          as /etc/crr-proxy/kubeconfig (0600) and named in crr-proxy.env
+#   --identity kubelet     kruise mode under kubelet's own identity instead:
+#                          crr-proxy.env names /etc/kubernetes/kubelet.conf, and a
+#                          drop-in lets the service read it and kubelet's client
+#                          certificate (apply crr-proxy manifests --agent kruise
+#                          --identity kubelet to the cluster)
 #   DESTDIR=/some/root     install under another root (packaging, tests); then
 #                          nothing is started or restarted
 set -euo pipefail
@@ -26,6 +33,7 @@ binary=target/release/crr-proxy
 kubelet_only=false
 kubelet_config=/var/lib/kubelet/config.yaml
 kubeconfig=""
+identity=""
 uninstall=false
 while (($#)); do
   case "$1" in
@@ -34,10 +42,20 @@ while (($#)); do
     --kubeconfig) kubeconfig="$2"; shift 2 ;;
     --uninstall) uninstall=true; shift ;;
     --kubelet-only) kubelet_only=true; shift ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --identity) identity="$2"; shift 2 ;;
+    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+
+case "$identity" in
+  "" | kubelet) ;;
+  *) echo "install.sh: --identity takes kubelet (crr-proxy's own identity is --kubeconfig FILE)" >&2; exit 2 ;;
+esac
+if [[ -n "$identity" && -n "$kubeconfig" ]]; then
+  echo "install.sh: --kubeconfig and --identity kubelet name two identities; give one" >&2
+  exit 2
+fi
 
 root="${DESTDIR:-}"
 socket=unix:///run/crr-proxy/crr-proxy.sock
@@ -47,6 +65,36 @@ conf_dir="$root/etc/crr-proxy"
 source scripts/lib/kubelet-endpoint.sh
 
 live_systemd() { [[ -z "$root" && -d /run/systemd/system ]] && command -v systemctl >/dev/null; }
+
+dropin_dir="$unit_dir/crr-proxy.service.d"
+kubelet_kubeconfig=/etc/kubernetes/kubelet.conf
+# The identity's settings: the env file's kubeconfig line and the drop-in.
+# Sets identity_changed when either changed (the service then restarts).
+identity_changed=false
+set_identity() {
+  local env="$conf_dir/crr-proxy.env" before after
+  # The drop-in is often absent: its cat fails, the checksum is still taken.
+  before=$({ cat "$env" "$dropin_dir/kubelet-identity.conf" 2>/dev/null || true; } | sha256sum)
+  if [[ "$identity" == kubelet ]]; then
+    [[ -e "$root$kubelet_kubeconfig" ]] ||
+      echo "install.sh: note: $kubelet_kubeconfig does not exist on this node yet" >&2
+    install -D -m 0644 systemd/kubelet-identity.conf "$dropin_dir/kubelet-identity.conf"
+    sed -i '/^CRR_PROXY_KUBECONFIG=/d' "$env"
+    echo "CRR_PROXY_KUBECONFIG=$kubelet_kubeconfig" >>"$env"
+  elif [[ -n "$kubeconfig" ]]; then
+    [[ -f "$kubeconfig" ]] || { echo "install.sh: $kubeconfig not found" >&2; exit 1; }
+    install -m 0600 "$kubeconfig" "$conf_dir/kubeconfig"
+    rm -f "$dropin_dir/kubelet-identity.conf"
+    rmdir "$dropin_dir" 2>/dev/null || true
+    # Named in the settings unless the operator already names one (but not
+    # kubelet's, which was the identity until now).
+    sed -i "\|^CRR_PROXY_KUBECONFIG=$kubelet_kubeconfig\$|d" "$env"
+    grep -q '^CRR_PROXY_KUBECONFIG=' "$env" ||
+      echo "CRR_PROXY_KUBECONFIG=/etc/crr-proxy/kubeconfig" >>"$env"
+  fi
+  after=$({ cat "$env" "$dropin_dir/kubelet-identity.conf" 2>/dev/null || true; } | sha256sum)
+  [[ "$before" == "$after" ]] || identity_changed=true
+}
 
 if $uninstall && $kubelet_only; then
   restore_kubelet
@@ -61,8 +109,8 @@ if $uninstall; then
   fi
   restore_kubelet
   rm -f "$bin_path" "$unit_dir/crr-proxy.socket" "$unit_dir/crr-proxy.service" \
-    "$conf_dir/crr-proxy.env" "$conf_dir/kubeconfig"
-  rmdir "$conf_dir" 2>/dev/null || true
+    "$conf_dir/crr-proxy.env" "$conf_dir/kubeconfig" "$dropin_dir/kubelet-identity.conf"
+  rmdir "$conf_dir" "$dropin_dir" 2>/dev/null || true
   if live_systemd; then
     systemctl daemon-reload
     if $kubelet_touched; then systemctl restart kubelet.service || true; fi
@@ -76,6 +124,14 @@ if $kubelet_only; then
   if live_systemd && ! systemctl is-active --quiet crr-proxy.socket; then
     echo "install.sh: crr-proxy.socket is not active; start it first: systemctl enable --now crr-proxy.socket" >&2
     exit 1
+  fi
+  # The .deb's crr-proxy under another identity, if one is given.
+  if [[ -n "$identity$kubeconfig" ]]; then
+    set_identity
+    if live_systemd && $identity_changed; then
+      systemctl daemon-reload
+      systemctl try-restart crr-proxy.service
+    fi
   fi
   switch_kubelet
   if $kubelet_unswitched; then
@@ -97,13 +153,7 @@ install -D -m 0644 systemd/crr-proxy.service "$unit_dir/crr-proxy.service"
 install -d -m 0750 "$conf_dir"
 # The operator's settings survive re-installs and upgrades.
 [[ -e "$conf_dir/crr-proxy.env" ]] || install -m 0640 systemd/crr-proxy.env "$conf_dir/crr-proxy.env"
-if [[ -n "$kubeconfig" ]]; then
-  [[ -f "$kubeconfig" ]] || { echo "install.sh: $kubeconfig not found" >&2; exit 1; }
-  install -m 0600 "$kubeconfig" "$conf_dir/kubeconfig"
-  # Named in the settings unless the operator already names one.
-  grep -q '^CRR_PROXY_KUBECONFIG=' "$conf_dir/crr-proxy.env" ||
-    echo "CRR_PROXY_KUBECONFIG=/etc/crr-proxy/kubeconfig" >>"$conf_dir/crr-proxy.env"
-fi
+set_identity
 
 switch_kubelet
 if ! $kubelet_touched && ! $kubelet_unswitched; then
@@ -113,6 +163,8 @@ fi
 if live_systemd; then
   systemctl daemon-reload
   systemctl enable --now crr-proxy.socket crr-proxy.service
+  # Another identity: the service reads it, and its mounts, at start.
+  if $identity_changed; then systemctl try-restart crr-proxy.service; fi
   if $kubelet_touched; then systemctl restart kubelet.service; fi
 fi
 echo "crr-proxy installed"

@@ -171,6 +171,27 @@ fn systemd_analyze_verifies_the_units_and_scores_their_hardening() {
         out.status.success() && stderr.trim().is_empty(),
         "systemd-analyze verify: {stderr}"
     );
+    // And with the drop-in of kubelet's identity, found beside the unit.
+    let dropins = dir.join("crr-proxy.service.d");
+    std::fs::create_dir_all(&dropins).unwrap();
+    std::fs::copy(
+        format!("{units}/kubelet-identity.conf"),
+        dropins.join("kubelet-identity.conf"),
+    )
+    .unwrap();
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .env("SYSTEMD_UNIT_PATH", format!("{}:", dir.display()))
+        .arg(dir.join("crr-proxy.socket"))
+        .arg(dir.join("crr-proxy.service"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stderr.trim().is_empty(),
+        "systemd-analyze verify with the drop-in: {stderr}"
+    );
+    std::fs::remove_dir_all(&dropins).unwrap();
     // systemd's own score of the hardening (0 is the most confined, 10
     // none): 2.2 before UMask=, PrivateMounts= and ProtectProc=, 1.8 after.
     let out = Command::new("systemd-analyze")
@@ -364,6 +385,75 @@ fn installs_the_node_identity_and_names_it_in_the_settings() {
         s.into_keys().filter(|n| !n.ends_with('/')).collect()
     };
     assert_eq!(files(snapshot(&root)), files(before));
+    support::remove_socket_dir(&scratch);
+}
+
+/// `--identity kubelet` names kubelet's kubeconfig and installs the drop-in
+/// that opens it to the service; `--kubeconfig FILE` goes back to
+/// crr-proxy's own identity; both at once are refused.
+#[test]
+fn kubelets_identity_is_named_with_its_drop_in_and_replaced_by_an_own_one() {
+    let scratch = support::temp_socket("install-kubelet-identity");
+    let root = scratch.parent().unwrap().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let before = snapshot(&root);
+    let env = || std::fs::read_to_string(root.join("etc/crr-proxy/crr-proxy.env")).unwrap();
+    let kubeconfigs = |env: &str| -> Vec<String> {
+        env.lines()
+            .filter(|l| l.starts_with("CRR_PROXY_KUBECONFIG="))
+            .map(str::to_owned)
+            .collect()
+    };
+    let dropin = root.join("etc/systemd/system/crr-proxy.service.d/kubelet-identity.conf");
+
+    let said = install(&root, &["--identity", "kubelet"]);
+    assert!(
+        said.contains("/etc/kubernetes/kubelet.conf does not exist"),
+        "{said}"
+    );
+    let once = snapshot(&root);
+    install(&root, &["--identity", "kubelet"]);
+    assert_eq!(snapshot(&root), once, "a second run changed the node");
+    assert_eq!(
+        kubeconfigs(&env()),
+        ["CRR_PROXY_KUBECONFIG=/etc/kubernetes/kubelet.conf"]
+    );
+    assert_eq!(
+        std::fs::read_to_string(&dropin).unwrap(),
+        include_str!("../systemd/kubelet-identity.conf")
+    );
+
+    // Back to an identity of its own.
+    let own = scratch.parent().unwrap().join("node.kubeconfig");
+    std::fs::write(&own, "apiVersion: v1\nkind: Config\n").unwrap();
+    install(&root, &["--kubeconfig", own.to_str().unwrap()]);
+    assert_eq!(
+        kubeconfigs(&env()),
+        ["CRR_PROXY_KUBECONFIG=/etc/crr-proxy/kubeconfig"]
+    );
+    assert!(!dropin.exists());
+
+    let both = Command::new("bash")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/install.sh"))
+        .args([
+            "--identity",
+            "kubelet",
+            "--kubeconfig",
+            own.to_str().unwrap(),
+        ])
+        .env("DESTDIR", &root)
+        .output()
+        .unwrap();
+    assert_eq!(both.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&both.stderr).contains("give one"));
+
+    install(&root, &["--identity", "kubelet"]);
+    install(&root, &["--uninstall"]);
+    let files = |s: BTreeMap<String, (u32, Vec<u8>)>| -> Vec<String> {
+        s.into_keys().filter(|n| !n.ends_with('/')).collect()
+    };
+    assert_eq!(files(snapshot(&root)), files(before));
+    assert!(!dropin.parent().unwrap().exists());
     support::remove_socket_dir(&scratch);
 }
 

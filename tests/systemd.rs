@@ -432,6 +432,57 @@ async fn the_release_installs_and_runs_under_a_real_systemd() {
     version(&socket).await.unwrap();
     let again = machine.ok(&format!("/opt/{tarball}/scripts/install.sh"));
     assert!(again.contains("kubelet is not restarted"), "{again}");
+
+    // kubeadm's credentials as a node holds them when the service starts
+    // (InaccessiblePaths= hides only what exists then): the service reads
+    // none by default; under kubelet's identity, kubelet's kubeconfig and
+    // client certificate (through its link) and nothing else.
+    machine.ok(
+        "mkdir -p /etc/kubernetes/pki /var/lib/kubelet/pki && \
+         echo admin > /etc/kubernetes/admin.conf && echo ca > /etc/kubernetes/pki/ca.key && \
+         echo serving > /var/lib/kubelet/pki/kubelet.key && \
+         echo client > /var/lib/kubelet/pki/kubelet-client-2026-12-05-00-00-00.pem && \
+         ln -sf kubelet-client-2026-12-05-00-00-00.pem /var/lib/kubelet/pki/kubelet-client-current.pem && \
+         printf 'apiVersion: v1\nkind: Config\n' > /etc/kubernetes/kubelet.conf && \
+         systemctl restart crr-proxy.service",
+    );
+    // Made inaccessible, a file reads as empty even to root (an empty
+    // directory or file is mounted over it), so its text is what tells.
+    let readable = |path: &str| {
+        let pid = machine.show("crr-proxy.service", "MainPID");
+        let out = machine.sh(&format!("nsenter -t {pid} -m cat {path}"));
+        out.status.success() && !out.stdout.is_empty()
+    };
+    let kubelets = [
+        "/etc/kubernetes/kubelet.conf",
+        "/var/lib/kubelet/pki/kubelet-client-current.pem",
+    ];
+    let others = [
+        "/etc/kubernetes/admin.conf",
+        "/etc/kubernetes/pki/ca.key",
+        "/var/lib/kubelet/pki/kubelet.key",
+    ];
+    for path in kubelets.iter().chain(&others) {
+        assert!(!readable(path), "{path} is readable to the service");
+    }
+    let before = machine.show("crr-proxy.service", "MainPID");
+    machine.ok(&format!(
+        "/opt/{tarball}/scripts/install.sh --identity kubelet"
+    ));
+    assert_ne!(machine.show("crr-proxy.service", "MainPID"), before);
+    for path in kubelets {
+        assert!(readable(path), "{path} is not readable to the service");
+    }
+    for path in others {
+        assert!(!readable(path), "{path} is readable to the service");
+    }
+    assert!(
+        machine
+            .file("/etc/crr-proxy/crr-proxy.env")
+            .unwrap()
+            .contains("CRR_PROXY_KUBECONFIG=/etc/kubernetes/kubelet.conf")
+    );
+    version(&socket).await.unwrap();
     let kubelet_started = machine.show("kubelet.service", "ExecMainStartTimestampMonotonic");
     machine.ok(&format!("/opt/{tarball}/scripts/install.sh --uninstall"));
     assert_eq!(
@@ -445,5 +496,10 @@ async fn the_release_installs_and_runs_under_a_real_systemd() {
     assert_eq!(machine.active("crr-proxy.socket"), "inactive");
     let units = machine.ok("systemctl list-unit-files 'crr-proxy*' --no-legend || true");
     assert!(units.trim().is_empty(), "{units}");
+    assert!(
+        machine
+            .file("/etc/systemd/system/crr-proxy.service.d/kubelet-identity.conf")
+            .is_none()
+    );
     drop(machine);
 }
