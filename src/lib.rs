@@ -14,6 +14,7 @@
 //! - [`metrics`]: Prometheus metrics of the data path.
 //! - [`reason`]: why a container restarted, as kubelet is told.
 //! - [`manifests`]: the cluster objects of deploy/, for a configured Lease.
+//! - [`listing`]: a watch's listing, taken whole (every watch feed's).
 //! - [`records`]: small key-value records that outlive crr-proxy.
 //! - [`restart_rules`]: whether kubelet starts a stopped container again.
 //! - [`version`]: the version and commit this binary was built from.
@@ -27,13 +28,14 @@
 //! - The data path: `proxy` uses `cri`, `metrics`, `reason` and `telemetry`,
 //!   and never the agent.
 //! - The agent: `agent` uses `crr`, `kill`, `cri`, `reason`, `records`,
-//!   `restart_rules`, `metrics`, `manifests` and `telemetry`.
-//! - The commands: `check` uses `agent`, `crr` and `cri`; `restart` uses
-//!   `crr` and `restart_rules`; `admin` uses `cri`, `metrics`, `notify` and
+//!   `restart_rules`, `metrics`, `manifests`, `listing` and `telemetry`.
+//! - The commands: `check` uses `agent`, `crr`, `cri` and `manifests`;
+//!   `restart` uses `crr`, `restart_rules` and `listing`; `admin` uses `cri`, `metrics`, `notify` and
 //!   `telemetry`.
 //! - Below those: `crr` (CRR types and facts), `kill`, `reason`, `metrics`
 //!   and `cri`; and at the bottom `records`, `restart_rules`, `manifests`,
-//!   `version`, `notify` and `telemetry`, which use no other module.
+//!   `listing`, `version`, `notify` and `telemetry`, which use no other
+//!   module.
 
 pub mod admin;
 pub mod agent;
@@ -44,6 +46,7 @@ pub mod crr;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod kill;
+pub mod listing;
 pub mod manifests;
 pub mod metrics;
 pub mod notify;

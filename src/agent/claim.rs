@@ -33,6 +33,7 @@ use super::lease::Leadership;
 use super::queue::{Next, Queue};
 use crate::crr::client::CrrClient;
 use crate::crr::{ContainerRecreateRequest, Phase, UNANSWERED, admission, labels};
+use crate::listing::Listing;
 use crate::metrics::Metrics;
 use crate::telemetry::Chain;
 
@@ -101,21 +102,22 @@ impl Claimer {
         let feed = async {
             let mut backoff = WatchBackoff::default();
             // The store shows a (re)list only once it is done.
-            let mut listing = Vec::new();
+            let mut listing = Listing::default();
             while let Some(event) = events.next().await {
                 match event {
                     Ok(watcher::Event::Apply(crr)) => {
                         backoff.reset();
                         queue.add(ObjectRef::from_obj(&crr));
                     }
-                    Ok(watcher::Event::InitApply(crr)) => listing.push(ObjectRef::from_obj(&crr)),
+                    Ok(watcher::Event::Init) => listing.begin(),
+                    Ok(watcher::Event::InitApply(crr)) => listing.add(ObjectRef::from_obj(&crr)),
                     Ok(watcher::Event::InitDone) => {
                         backoff.reset();
-                        for key in listing.drain(..) {
+                        for key in listing.done() {
                             queue.add(key);
                         }
                     }
-                    Ok(_) => backoff.reset(),
+                    Ok(watcher::Event::Delete(_)) => backoff.reset(),
                     Err(error) => {
                         let delay = backoff.after(&error);
                         warn!(%error, ?delay, "watch of new CRRs failed; retrying");

@@ -12,6 +12,7 @@ use tracing::warn;
 use super::backoff::WatchBackoff;
 use super::{Agent, PodKey, pod_key};
 use crate::crr::ContainerRecreateRequest;
+use crate::listing::Listing;
 
 /// Turns true once every watch has synced once; and tells who asks when a
 /// watch lists again.
@@ -103,7 +104,7 @@ pub(crate) async fn follow<K, S>(
     let mut backoff = WatchBackoff::default();
     let mut synced = false;
     // The Pods of the listing under way, and of the last one (and since).
-    let mut listing = HashSet::new();
+    let mut listing = Listing::default();
     let mut listed = HashSet::new();
     while let Some(event) = events.next().await {
         if event.is_ok() {
@@ -112,7 +113,9 @@ pub(crate) async fn follow<K, S>(
         match event {
             Ok(watcher::Event::InitApply(obj)) => {
                 obj.seen(&agent);
-                listing.extend(obj.pod_key());
+                if let Some(key) = obj.pod_key() {
+                    listing.add(key);
+                }
             }
             Ok(watcher::Event::Apply(obj)) => {
                 obj.seen(&agent);
@@ -128,7 +131,7 @@ pub(crate) async fn follow<K, S>(
                 }
             }
             Ok(watcher::Event::InitDone) => {
-                let fresh = std::mem::take(&mut listing);
+                let fresh: HashSet<PodKey> = listing.done().into_iter().collect();
                 for key in listed.drain().chain(fresh.iter().cloned()) {
                     agent.queue.add(key);
                 }
@@ -139,7 +142,7 @@ pub(crate) async fn follow<K, S>(
                 }
             }
             Ok(watcher::Event::Init) => {
-                listing.clear();
+                listing.begin();
                 // After a 410 the cluster may serve other versions (an
                 // upgrade): whoever waits looks again.
                 gate.relisted.notify_one();

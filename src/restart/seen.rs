@@ -15,13 +15,14 @@ use super::Change;
 use super::follow::last_seen;
 use super::waves::Budget;
 use crate::crr::ContainerRecreateRequest;
+use crate::listing::Listing;
 
 /// The objects one watch has shown, as they are now, by name (or by the
 /// key `key` makes). A relist (after a watch expired) replaces them once it
 /// is complete.
 pub struct Mirror<K> {
     pub items: BTreeMap<String, K>,
-    relisting: Option<BTreeMap<String, K>>,
+    listing: Listing<(String, K)>,
     key: fn(&K) -> String,
 }
 
@@ -35,7 +36,7 @@ impl<K: kube::Resource> Mirror<K> {
     fn keyed(key: fn(&K) -> String) -> Self {
         Self {
             items: BTreeMap::new(),
-            relisting: None,
+            listing: Listing::default(),
             key,
         }
     }
@@ -44,20 +45,13 @@ impl<K: kube::Resource> Mirror<K> {
     /// before is forgotten).
     fn apply(&mut self, event: watcher::Event<K>, keep: impl Fn(&K) -> bool) {
         match event {
-            watcher::Event::Init => self.relisting = Some(BTreeMap::new()),
+            watcher::Event::Init => self.listing.begin(),
             watcher::Event::InitApply(object) => {
-                let key = (self.key)(&object);
-                let items = self.relisting.as_mut().unwrap_or(&mut self.items);
-                match keep(&object) {
-                    true => items.insert(key, object),
-                    false => items.remove(&key),
-                };
-            }
-            watcher::Event::InitDone => {
-                if let Some(items) = self.relisting.take() {
-                    self.items = items;
+                if keep(&object) {
+                    self.listing.add(((self.key)(&object), object));
                 }
             }
+            watcher::Event::InitDone => self.items = self.listing.done().into_iter().collect(),
             watcher::Event::Apply(object) => {
                 let key = (self.key)(&object);
                 match keep(&object) {
