@@ -27,57 +27,30 @@ pub const PLURAL: &str = "containerrecreaterequests";
 /// The CRD: v1alpha1 and v1beta1 served, v1beta1 stored, as OpenKruise
 /// master's; no conversion webhook (`None`: both versions are the same
 /// JSON but for v1beta1's two status fields, which v1alpha1 readers do not
-/// see).
+/// see). One set of types gives v1alpha1's schema; v1beta1's is made from
+/// it by what [`v1beta1`] says differs.
+///
+/// Both versions' specs are judged by v1beta1's minimums and enums (the
+/// attributes on the spec types below): a CRR that v1beta1 refuses is
+/// refused at create in either version, rather than stored and then
+/// refused at every later write. The only difference from OpenKruise's
+/// v1alpha1 schema.
 pub fn crd() -> Result<CustomResourceDefinition, CrdError> {
     use kube::CustomResourceExt;
-    let versions = vec![
-        ContainerRecreateRequest::crd(),
-        v1beta1::ContainerRecreateRequest::crd(),
-    ];
-    let mut crd = kube::core::crd::merge_crds(versions, v1beta1::VERSION)?;
+    let mut crd = ContainerRecreateRequest::crd();
+    let alpha = crd.spec.versions.first_mut().ok_or(CrdError::NoVersion)?;
+    alpha.storage = false;
+    let beta = v1beta1::version(alpha)?;
     // In OpenKruise's order.
-    crd.spec.versions.sort_by(|a, b| a.name.cmp(&b.name));
-    // v1alpha1's spec is judged as v1beta1's (its minimums and enums): a
-    // CRR that v1beta1 refuses is refused at create in either version,
-    // rather than stored and then refused at every later write. The only
-    // difference from OpenKruise's v1alpha1 schema.
-    let spec_of = |crd: &CustomResourceDefinition, version: &str| {
-        crd.spec
-            .versions
-            .iter()
-            .find(|v| v.name == version)
-            .and_then(|v| {
-                v.schema
-                    .as_ref()?
-                    .open_api_v3_schema
-                    .as_ref()?
-                    .properties
-                    .as_ref()?
-                    .get("spec")
-            })
-            .cloned()
-    };
-    if let Some(strict) = spec_of(&crd, v1beta1::VERSION) {
-        let alpha = crd.spec.versions.iter_mut().find(|v| v.name == VERSION);
-        if let Some(properties) = alpha.and_then(|v| {
-            v.schema
-                .as_mut()?
-                .open_api_v3_schema
-                .as_mut()?
-                .properties
-                .as_mut()
-        }) {
-            properties.insert("spec".into(), strict);
-        }
-    }
+    crd.spec.versions.push(beta);
     Ok(crd)
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum CrdError {
-    #[error("merge the CRR versions into one CRD")]
-    Merge(#[from] kube::core::crd::MergeError),
-    #[error("write the CRD as JSON")]
+    #[error("the derived CRD has no version")]
+    NoVersion,
+    #[error("the CRD as JSON")]
     Json(#[from] serde_json::Error),
 }
 
@@ -227,9 +200,11 @@ pub struct ContainerRecreateRequestSpec {
     pub strategy: Option<ContainerRecreateRequestStrategy>,
     /// Counted from the CRR's creationTimestamp.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
     pub active_deadline_seconds: Option<i64>,
     /// Counted from status.completionTime.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
     pub ttl_seconds_after_finished: Option<i32>,
 }
 
@@ -273,17 +248,30 @@ pub struct ContainerRecreateRequestContainerContext {
 #[serde(rename_all = "camelCase")]
 pub struct ContainerRecreateRequestStrategy {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "failure_policy_schema")]
     pub failure_policy: Option<FailurePolicy>,
+    // The schema's defaults are v1beta1's (crr-proxy omits a false or a
+    // zero when it writes).
     #[serde(default, skip_serializing_if = "is_false")]
+    #[schemars(extend("default" = false))]
     pub ordered_recreate: bool,
     #[serde(default, skip_serializing_if = "is_false")]
+    #[schemars(extend("default" = false))]
     pub force_recreate: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
     pub termination_grace_period_seconds: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
     pub unready_grace_period_seconds: Option<i64>,
     #[serde(default, skip_serializing_if = "is_zero")]
+    #[schemars(range(min = 0), extend("default" = 0))]
     pub min_started_seconds: i32,
+}
+
+/// The policies kruise's webhook takes, as v1beta1's schema lists them.
+fn failure_policy_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({"type": "string", "enum": ["Fail", "Ignore"]})
 }
 
 /// What to do when a container cannot be recreated.
@@ -367,20 +355,11 @@ pub struct SyncContainerStatus {
     pub container_id: String,
 }
 
-// Phases and policies are plain strings in kruise's v1alpha1 schema (no enum).
+// Phases are plain strings in kruise's v1alpha1 schema (no enum; v1beta1's
+// adds one, see `v1beta1::version`).
 impl JsonSchema for Phase {
     fn schema_name() -> Cow<'static, str> {
         "ContainerRecreateRequestPhase".into()
-    }
-
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({"type": "string"})
-    }
-}
-
-impl JsonSchema for FailurePolicy {
-    fn schema_name() -> Cow<'static, str> {
-        "ContainerRecreateRequestFailurePolicyType".into()
     }
 
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
