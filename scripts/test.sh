@@ -30,9 +30,12 @@ echo "== the suite, containerd $(containerd --version | awk '{ print $3 }')"
 cargo test --locked --lib --bins --tests 2>&1 | tee "$log" || status=$?
 # The test binaries that start a containerd, again on 2.x.
 containerd_tests=()
-for file in tests/*.rs; do
+# (A test of several files is a folder with main.rs, as tests/agent/.)
+for file in tests/*.rs tests/*/main.rs; do
   if grep -q 'Containerd::start' "$file"; then
-    containerd_tests+=(--test "$(basename "$file" .rs)")
+    name="${file#tests/}"
+    name="${name%/main.rs}"
+    containerd_tests+=(--test "${name%.rs}")
   fi
 done
 echo "== the containerd tests, containerd $("$CRR_TEST_CONTAINERD2/containerd" --version | awk '{ print $3 }')"
