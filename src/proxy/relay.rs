@@ -47,7 +47,7 @@ use crate::metrics::Metrics;
 use crate::reason::Recreated;
 use crate::telemetry::Chain;
 use codec::{Blocks, CodecError};
-use flow::ClientFlow;
+use flow::{ClientFlow, RuntimeCredit};
 use outbound::Outbound;
 use streams::Streams;
 
@@ -404,9 +404,8 @@ struct State {
     goaways: Goaways,
     drain: Drain,
     failure: Option<Failure>,
-    /// Connection credit for edited bytes the relay holds, kept back from
-    /// the runtime while it holds more than `HELD_LIMIT` (`responses`).
-    uncredited: u32,
+    /// The runtime's connection credit for edited bytes.
+    runtime_credit: RuntimeCredit,
 }
 
 impl State {
@@ -430,7 +429,7 @@ impl State {
             goaways: Goaways::default(),
             drain: Drain::Serving,
             failure: None,
-            uncredited: 0,
+            runtime_credit: RuntimeCredit::default(),
         }
     }
 
@@ -539,6 +538,38 @@ impl State {
         self.drain = Drain::Final { last };
         self.goaway(last, frame::NO_ERROR, b"");
     }
+}
+
+/// Takes the client's connection preface from the front of `inbox`:
+/// `Ok(true)` once it has come whole (and is consumed), `Ok(false)` while
+/// what came may still be its start.
+fn take_preface(inbox: &mut Inbox) -> Result<bool, RelayError> {
+    match frame::preface(inbox.data()) {
+        None => Err(RelayError::Preface),
+        Some(false) => Ok(false),
+        Some(true) => {
+            inbox.consume(frame::PREFACE.len());
+            Ok(true)
+        }
+    }
+}
+
+/// Hands each whole frame at the front of `inbox` (head and all its bytes)
+/// to `each`, in order, consuming it once handled, up to a frame still
+/// coming. A frame longer than `limit` is the peer's error. The relay's
+/// two directions and the stand-in read frames this one way.
+fn each_frame(
+    inbox: &mut Inbox,
+    limit: usize,
+    mut each: impl FnMut(Head, &[u8]) -> Result<(), RelayError>,
+) -> Result<(), RelayError> {
+    while let Some((head, frame)) =
+        frame::next(inbox.data(), limit).map_err(|len| RelayError::FrameTooLarge { len, limit })?
+    {
+        each(head, frame)?;
+        inbox.consume(frame.len());
+    }
+    Ok(())
 }
 
 /// The fuzz target `relay_frames` (see `fuzzing`): both sides' bytes, as
@@ -661,6 +692,62 @@ mod tests {
         assert!(data_len > updates[0].1, "the edit made the answer longer");
         assert_eq!(updates[2], (0, 1000 - data_len));
         assert_eq!(updates[3], (1, 1000));
+    }
+
+    #[test]
+    fn the_preface_is_taken_whole_or_refused() {
+        let mut inbox = Inbox::default();
+        inbox.extend(&frame::PREFACE[..10]);
+        assert!(!take_preface(&mut inbox).unwrap());
+        assert_eq!(inbox.data().len(), 10, "nothing consumed yet");
+        inbox.extend(&frame::PREFACE[10..]);
+        inbox.extend(b"rest");
+        assert!(take_preface(&mut inbox).unwrap());
+        assert_eq!(inbox.data(), b"rest");
+        let mut other = Inbox::default();
+        other.extend(b"GET / HTTP/1.1\r\n");
+        assert!(matches!(take_preface(&mut other), Err(RelayError::Preface)));
+    }
+
+    #[test]
+    fn frames_are_handed_over_whole_in_order_and_only_once_handled() {
+        let first = frame_bytes(frame::PING, 0, 0, &[1; 8]);
+        let second = frame_bytes(frame::DATA, 0, 1, b"hello");
+        let third = frame_bytes(frame::DATA, 0, 3, b"coming");
+        let mut inbox = Inbox::default();
+        inbox.extend(&first);
+        inbox.extend(&second);
+        inbox.extend(&third[..HEAD_LEN + 2]);
+        let mut seen = Vec::new();
+        each_frame(&mut inbox, frame::DEFAULT_MAX_FRAME, |head, whole| {
+            seen.push((head.kind, head.stream, whole.len()));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(
+            seen,
+            [
+                (frame::PING, 0, first.len()),
+                (frame::DATA, 1, second.len())
+            ]
+        );
+        assert_eq!(
+            inbox.data(),
+            &third[..HEAD_LEN + 2],
+            "the frame still coming stays"
+        );
+        // A frame that fails stays unconsumed; one over the limit is refused.
+        inbox.extend(&third[HEAD_LEN + 2..]);
+        let failed = each_frame(&mut inbox, frame::DEFAULT_MAX_FRAME, |_, _| {
+            Err(RelayError::Preface)
+        });
+        assert!(failed.is_err());
+        assert_eq!(inbox.data(), third.as_slice());
+        let large = each_frame(&mut inbox, 4, |_, _| Ok(()));
+        assert!(matches!(
+            large,
+            Err(RelayError::FrameTooLarge { len: 6, limit: 4 })
+        ));
     }
 
     fn frame_bytes(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {

@@ -9,7 +9,8 @@
 //! client's stream credit passes through, and only the connection window,
 //! which both kinds share, is tracked here too.
 //!
-//! Pure arithmetic: the relay decides what to write.
+//! The runtime's connection credit for edited bytes is kept here too
+//! (`RuntimeCredit`). Pure arithmetic: the relay decides what to write.
 
 use super::super::frame;
 
@@ -23,6 +24,36 @@ pub(super) struct ClientFlow {
     owed: i64,
     /// SETTINGS_INITIAL_WINDOW_SIZE: what an edited stream's window starts at.
     initial: i64,
+}
+
+/// Edited bytes the relay holds before it stops crediting the runtime's
+/// connection window for more.
+pub(super) const HELD_LIMIT: usize = 1 << 20;
+
+/// The runtime's connection credit for edited bytes: returned at once, as
+/// the bytes are out of the connection window's way in the relay, but kept
+/// back while the relay holds more than `HELD_LIMIT` in all, which bounds
+/// what a client that never reads can make the relay hold.
+#[derive(Debug, Default)]
+pub(super) struct RuntimeCredit {
+    kept: u32,
+}
+
+impl RuntimeCredit {
+    /// `bytes` edited bytes came while the relay holds `held`: the
+    /// connection credit to return now, if any.
+    pub(super) fn received(&mut self, bytes: u32, held: usize) -> Option<u32> {
+        if held <= HELD_LIMIT {
+            return (bytes > 0).then_some(bytes);
+        }
+        self.kept = self.kept.saturating_add(bytes);
+        None
+    }
+
+    /// The relay holds `held` now: the credit kept back that may go.
+    pub(super) fn release(&mut self, held: usize) -> Option<u32> {
+        (self.kept > 0 && held <= HELD_LIMIT).then(|| std::mem::take(&mut self.kept))
+    }
 }
 
 /// An edited stream's window at the client.
@@ -108,6 +139,39 @@ mod tests {
         assert_eq!(flow.credit(1_500), 500);
         assert_eq!(flow.room(None), 66_035);
         assert_eq!(flow.credit(10), 10);
+    }
+
+    #[test]
+    fn edited_credit_goes_at_once_until_the_relay_holds_too_much() {
+        let mut credit = RuntimeCredit::default();
+        assert_eq!(credit.received(100, HELD_LIMIT), Some(100));
+        assert_eq!(credit.received(100, HELD_LIMIT + 1), None);
+        assert_eq!(credit.received(50, HELD_LIMIT + 1), None);
+        assert_eq!(credit.release(HELD_LIMIT + 1), None);
+        assert_eq!(credit.release(HELD_LIMIT), Some(150));
+        // Kept credit goes once.
+        assert_eq!(credit.release(0), None);
+    }
+
+    #[test]
+    fn no_credit_is_lost_or_given_twice() {
+        let mut credit = RuntimeCredit::default();
+        let (mut received, mut returned) = (0u32, 0u32);
+        for (i, held) in [0, HELD_LIMIT * 2, HELD_LIMIT + 1, 10, HELD_LIMIT * 3, 0]
+            .into_iter()
+            .cycle()
+            .take(60)
+            .enumerate()
+        {
+            let bytes = (i as u32 % 7) * 1_000;
+            received += bytes;
+            returned += credit.received(bytes, held).unwrap_or(0);
+            if i % 4 == 0 {
+                returned += credit.release(held).unwrap_or(0);
+            }
+        }
+        returned += credit.release(0).unwrap_or(0);
+        assert_eq!(returned, received);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use super::codec::Block;
 use super::streams::{Edit, Stream};
-use super::{DRAIN_PING, Drain, RelayError, State};
+use super::{DRAIN_PING, Drain, RelayError, State, each_frame, take_preface};
 use crate::cri::Method;
 use crate::proxy::body::Call;
 use crate::proxy::editor_for;
@@ -20,24 +20,15 @@ impl State {
 
     fn client_frames_in(&mut self, inbox: &mut Inbox) -> Result<(), RelayError> {
         if !self.ends.preface_seen {
-            match frame::preface(inbox.data()) {
-                None => return Err(RelayError::Preface),
-                Some(false) => return Ok(()),
-                Some(true) => {}
+            if !take_preface(inbox)? {
+                return Ok(());
             }
             self.to_upstream
                 .own(|out| out.extend_from_slice(frame::PREFACE));
-            inbox.consume(frame::PREFACE.len());
             self.ends.preface_seen = true;
         }
         let limit = self.upstream_max_frame;
-        while let Some((head, frame)) = frame::next(inbox.data(), limit)
-            .map_err(|len| RelayError::FrameTooLarge { len, limit })?
-        {
-            self.client_frame(head, frame)?;
-            inbox.consume(frame.len());
-        }
-        Ok(())
+        each_frame(inbox, limit, |head, frame| self.client_frame(head, frame))
     }
 
     fn client_frame(&mut self, head: Head, frame: &[u8]) -> Result<(), RelayError> {

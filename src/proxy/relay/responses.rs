@@ -5,8 +5,8 @@
 //! sent once the client has taken it (so it never runs more than a window
 //! ahead of the client on that stream), and connection credit at once,
 //! since the bytes are out of the connection window's way in the relay;
-//! only while the relay holds more than `HELD_LIMIT` in all does connection
-//! credit wait too, which bounds what a client that never reads can make
+//! only while the relay holds more than `flow::HELD_LIMIT` in all does
+//! connection credit wait too (`flow::RuntimeCredit`), which bounds what a client that never reads can make
 //! the relay hold.
 
 use bytes::{Bytes, BytesMut};
@@ -14,14 +14,10 @@ use bytes::{Bytes, BytesMut};
 use super::flow::{ClientFlow, Window};
 use super::outbound::Outbound;
 use super::streams::{Data, Piece};
-use super::{MAX_HELD_BLOCK, RelayError, State};
+use super::{MAX_HELD_BLOCK, RelayError, State, each_frame};
 use crate::proxy::body::{UNAVAILABLE, UNKNOWN, unavailable_message};
 use crate::proxy::frame::{self, HEAD_LEN, Head};
 use crate::proxy::socket::Inbox;
-
-/// Edited bytes the relay holds before it stops crediting the runtime's
-/// connection window for more.
-const HELD_LIMIT: usize = 1 << 20;
 
 impl State {
     pub(super) fn upstream_frames(&mut self) -> Result<(), RelayError> {
@@ -35,13 +31,7 @@ impl State {
         // The client's limit; a runtime frame above it would be an error
         // at the client anyway, and this bounds what the relay buffers.
         let limit = self.client_max_frame.max(frame::DEFAULT_MAX_FRAME);
-        while let Some((head, frame)) = frame::next(inbox.data(), limit)
-            .map_err(|len| RelayError::FrameTooLarge { len, limit })?
-        {
-            self.upstream_frame(head, frame)?;
-            inbox.consume(frame.len());
-        }
-        Ok(())
+        each_frame(inbox, limit, |head, frame| self.upstream_frame(head, frame))
     }
 
     fn upstream_frame(&mut self, head: Head, frame: &[u8]) -> Result<(), RelayError> {
@@ -230,11 +220,10 @@ impl State {
         let Ok(received @ 1..) = u32::try_from(received) else {
             return;
         };
-        if self.streams.held_bytes() <= HELD_LIMIT {
+        let held = self.streams.held_bytes();
+        if let Some(now) = self.runtime_credit.received(received, held) {
             self.to_upstream
-                .own(|out| frame::window_update(0, received, out));
-        } else {
-            self.uncredited = self.uncredited.saturating_add(received);
+                .own(|out| frame::window_update(0, now, out));
         }
         let Some(stream) = self.streams.get_mut(id) else {
             return;
@@ -363,8 +352,7 @@ impl State {
     /// Connection credit kept back while the relay held too much goes once
     /// it holds less.
     fn release_credit(&mut self) {
-        if self.uncredited > 0 && self.streams.held_bytes() <= HELD_LIMIT {
-            let credit = std::mem::take(&mut self.uncredited);
+        if let Some(credit) = self.runtime_credit.release(self.streams.held_bytes()) {
             self.to_upstream
                 .own(|out| frame::window_update(0, credit, out));
         }

@@ -20,8 +20,8 @@ use tokio::net::UnixStream;
 use tokio::sync::watch;
 use tracing::debug;
 
-use super::RelayError;
 use super::codec::{Block, Blocks};
+use super::{RelayError, each_frame, take_preface};
 use crate::cri::Method;
 use crate::metrics::Metrics;
 use crate::proxy::Endpoint;
@@ -186,31 +186,24 @@ impl Standin {
     }
 
     fn frames(&mut self) -> Result<(), RelayError> {
-        if !self.preface_seen {
-            match frame::preface(self.from_client.data()) {
-                None => return Err(RelayError::Preface),
-                Some(false) => return Ok(()),
-                Some(true) => {}
-            }
-            self.from_client.consume(frame::PREFACE.len());
-            self.preface_seen = true;
-        }
         let mut inbox = std::mem::take(&mut self.from_client);
         let handled = self.frames_in(&mut inbox);
         self.from_client = inbox;
         handled
     }
 
+    /// Read as the relay reads the client (`take_preface`, `each_frame`).
     fn frames_in(&mut self, inbox: &mut Inbox) -> Result<(), RelayError> {
-        // The stand-in's SETTINGS leave SETTINGS_MAX_FRAME_SIZE at its default.
-        let limit = frame::DEFAULT_MAX_FRAME;
-        while let Some((head, whole)) = frame::next(inbox.data(), limit)
-            .map_err(|len| RelayError::FrameTooLarge { len, limit })?
-        {
-            self.frame(head, &whole[HEAD_LEN..])?;
-            inbox.consume(whole.len());
+        if !self.preface_seen {
+            if !take_preface(inbox)? {
+                return Ok(());
+            }
+            self.preface_seen = true;
         }
-        Ok(())
+        // The stand-in's SETTINGS leave SETTINGS_MAX_FRAME_SIZE at its default.
+        each_frame(inbox, frame::DEFAULT_MAX_FRAME, |head, whole| {
+            self.frame(head, &whole[HEAD_LEN..])
+        })
     }
 
     fn frame(&mut self, head: Head, payload: &[u8]) -> Result<(), RelayError> {
