@@ -9,50 +9,19 @@
 
 mod support;
 
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
+use support::Daemon;
 use support::apiserver::{FakeApiServer, Resource, Watches};
 use support::containerd::Containerd;
 use support::kubelet::{ContainerSpec, Kubelet, PodSpec};
 use support::roles::{KruiseManager, NAMESPACE, wait_for};
 
 const NODE: &str = "node-a";
-
-/// The crr-proxy process; killed if the test fails first.
-struct Proxy(Child);
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// `log`: where its JSON logs go.
-fn crr_proxy(mode: &str, listen: &Path, ctrd: &Containerd, kubeconfig: &Path, log: &Path) -> Proxy {
-    let child = Command::new(env!("CARGO_BIN_EXE_crr-proxy"))
-        .arg("run")
-        .args(["--listen", listen.to_str().unwrap()])
-        .args(["--runtime-endpoint", &ctrd.endpoint().to_string()])
-        .args(["--agent", mode, "--node-name", NODE])
-        .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
-        .args([
-            "--state-dir",
-            kubeconfig.with_file_name("state").to_str().unwrap(),
-        ])
-        .args(["--log-format", "json", "--metrics-addr", "off"])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .unwrap();
-    Proxy(child)
-}
 
 /// The status write that records a kill (`isKilled: true`).
 fn records_a_kill(method: &http::Method, path: &str, body: &Value) -> bool {
@@ -113,9 +82,18 @@ impl Node {
         }
     }
 
-    fn crr_proxy(&self, log: &str) -> Proxy {
+    fn crr_proxy(&self, log: &str) -> Daemon {
         let log = self.listen.with_file_name(log);
-        crr_proxy(self.mode, &self.listen, &self.ctrd, &self.kubeconfig, &log)
+        let runtime = self.ctrd.endpoint();
+        support::daemon(
+            env!("CARGO_BIN_EXE_crr-proxy"),
+            self.mode,
+            NODE,
+            &self.listen,
+            &runtime,
+            &self.kubeconfig,
+            &log,
+        )
     }
 
     fn create_crr(&self) {
@@ -194,7 +172,7 @@ impl Drop for Node {
     }
 }
 
-fn stop(proxy: &mut Proxy, signal: Signal) -> std::process::ExitStatus {
+fn stop(proxy: &mut Daemon, signal: Signal) -> std::process::ExitStatus {
     kill(Pid::from_raw(proxy.0.id() as i32), signal).unwrap();
     proxy.0.wait().unwrap()
 }

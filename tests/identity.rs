@@ -8,7 +8,6 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -19,16 +18,6 @@ use support::policy::UserInfo;
 use support::roles::{KruiseManager, NAMESPACE, wait_for};
 
 const NODE: &str = "node-a";
-
-/// The crr-proxy process; killed when the test ends.
-struct Proxy(Child);
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Writes the kubeconfig whole, as an operator's tools and kubelet's
 /// certificate store do (a new file renamed into place).
@@ -81,22 +70,14 @@ async fn kruise_mode_runs_as_the_kubelet_and_takes_renewed_credentials() {
         .await;
 
     let log = listen.with_file_name("crr-proxy.log");
-    let _proxy = Proxy(
-        Command::new(env!("CARGO_BIN_EXE_crr-proxy"))
-            .arg("run")
-            .args(["--listen", listen.to_str().unwrap()])
-            .args(["--runtime-endpoint", &ctrd.endpoint().to_string()])
-            .args(["--agent", "kruise", "--node-name", NODE])
-            .args(["--kubeconfig", kubeconfig.to_str().unwrap()])
-            .args([
-                "--state-dir",
-                listen.with_file_name("state").to_str().unwrap(),
-            ])
-            .args(["--log-format", "json", "--metrics-addr", "off"])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap(),
+    let _proxy = support::daemon(
+        env!("CARGO_BIN_EXE_crr-proxy"),
+        "kruise",
+        NODE,
+        &listen,
+        &ctrd.endpoint(),
+        &kubeconfig,
+        &log,
     );
 
     api.create(Resource::Crr, NAMESPACE, crr("first")).unwrap();

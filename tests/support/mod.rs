@@ -136,6 +136,47 @@ pub fn wait_for_path(path: &Path) {
     }
 }
 
+/// A `crr-proxy run` process with its agent, killed when dropped.
+pub struct Daemon(pub std::process::Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The crr-proxy `binary` (a test's `env!("CARGO_BIN_EXE_crr-proxy")`;
+/// the example and the bench have none) serving `listen` in front of
+/// `runtime`, its agent in `mode` as node `node` with `kubeconfig`, its
+/// state beside the kubeconfig, its JSON logs in `log`.
+pub fn daemon(
+    binary: &str,
+    mode: &str,
+    node: &str,
+    listen: &Path,
+    runtime: &Endpoint,
+    kubeconfig: &Path,
+    log: &Path,
+) -> Daemon {
+    let child = std::process::Command::new(binary)
+        .arg("run")
+        .arg("--listen")
+        .arg(listen)
+        .args(["--runtime-endpoint", &runtime.to_string()])
+        .args(["--agent", mode, "--node-name", node])
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--state-dir")
+        .arg(kubeconfig.with_file_name("state"))
+        .args(["--log-format", "json", "--metrics-addr", "off"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(log).expect("the daemon's log"))
+        .spawn()
+        .expect("crr-proxy run");
+    Daemon(child)
+}
+
 /// A kubeconfig for an API server at `server`, without credentials.
 pub fn write_kubeconfig(path: &Path, server: &str) {
     write_kubeconfig_as(path, server, None);
