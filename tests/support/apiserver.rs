@@ -30,8 +30,10 @@ use tokio::sync::{broadcast, mpsc, watch};
 use super::patch::Patch;
 pub use super::selectors::Selector;
 
+mod admission;
 mod authz;
 mod discovery;
+mod faults;
 mod handler;
 mod watching;
 use super::policy::{self, Attributes, Policy, UserInfo};
@@ -624,57 +626,10 @@ impl FakeApiServer {
         config
     }
 
-    /// From now on, lists answer `size` items a page, and each page after
-    /// the first `delay` later: the reflector's store fills only once the
-    /// last page is in (kube-runtime swaps it at InitDone).
-    pub fn set_list_pages(&self, size: usize, delay: Duration) {
-        *lock(&self.inner.pages) = Some((size, delay));
-    }
-
     /// From now on, CRRs are served (and new ones stored) as `versions`
     /// says; set it before creating any.
     pub fn set_crr_versions(&self, versions: CrrVersions) {
         *lock(&self.inner.crr_versions) = versions;
-    }
-
-    /// Turns CRD validation ratcheting on or off.
-    pub fn set_ratcheting(&self, on: bool) {
-        self.inner
-            .ratcheting
-            .store(on, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// What a CRR write in `view` is judged by: v1beta1's schema, or with
-    /// crr-proxy's own CRD (no conversion webhook) a v1alpha1 write by the
-    /// same spec checks; kruise's v1alpha1 schemas have none of them.
-    fn crr_checks(&self, resource: Resource, view: View) -> Option<super::versions::Checks> {
-        use super::versions::Checks;
-        if resource != Resource::Crr {
-            return None;
-        }
-        match (view, self.crr_versions()) {
-            (_, CrrVersions::V1alpha1Only) => None,
-            (View::Stored, CrrVersions::Both(_)) => Some(Checks::V1beta1),
-            (View::Alpha(Conversion::None), _) => Some(Checks::Spec),
-            (View::Alpha(Conversion::Webhook), _) => None,
-        }
-    }
-
-    fn validate_crr(
-        &self,
-        resource: Resource,
-        view: View,
-        next: &Value,
-        old: Option<&Value>,
-    ) -> Result<(), ApiError> {
-        let Some(checks) = self.crr_checks(resource, view) else {
-            return Ok(());
-        };
-        let ratcheting = self
-            .inner
-            .ratcheting
-            .load(std::sync::atomic::Ordering::SeqCst);
-        super::versions::validate(next, checks, old.filter(|_| ratcheting))
     }
 
     /// From now on, OpenKruise's CloneSet and Advanced StatefulSet are
@@ -786,212 +741,6 @@ impl FakeApiServer {
     /// The write requests that reached the server over HTTP so far.
     pub fn writes(&self) -> Vec<Written> {
         lock(&self.inner.writes).clone()
-    }
-
-    /// From now on, watches behave as `watches` says (lag, 410s, bookmarks).
-    pub fn set_watches(&self, watches: Watches) {
-        *lock(&self.inner.watches) = watches;
-    }
-
-    /// The next `count` writes to `resource` are refused with `code` (429
-    /// Too Many Requests, or a 5xx), as an API server under load refuses them.
-    pub fn fail_writes(&self, resource: Resource, code: u16, count: usize) {
-        lock(&self.inner.faults).push(Fault {
-            resource,
-            code,
-            left: count,
-        });
-    }
-
-    /// The next `count` writes (PUT or PATCH) of a CRR's status lose a race:
-    /// just before each, another writer updates the CRR (an annotation), so
-    /// a write naming the resourceVersion it read gets 409 Conflict, as it
-    /// would; one that names none goes over the other writer's change.
-    pub fn race_status_updates(&self, count: usize) {
-        self.race_status_updates_with(count, Arc::new(|_| true), |left| {
-            let patch = json!({"metadata": {"annotations": {
-                "test.crr-proxy/concurrent-write": left.to_string()
-            }}});
-            (patch, false)
-        });
-    }
-
-    /// As [`race_status_updates`](Self::race_status_updates), for the writes
-    /// whose body (object or patch) `matches`; the other writer applies the merge patch `other`
-    /// makes (given the races left, and whether it patches the status).
-    pub fn race_status_updates_with(
-        &self,
-        count: usize,
-        matches: Arc<dyn Fn(&Value) -> bool + Send + Sync>,
-        other: fn(usize) -> (Value, bool),
-    ) {
-        *lock(&self.inner.race) = Some(Race {
-            left: count,
-            matches,
-            other,
-        });
-    }
-
-    /// How many of the races `race_status_updates` asked for are still to come.
-    pub fn races_left(&self) -> usize {
-        lock(&self.inner.race).as_ref().map_or(0, |r| r.left)
-    }
-
-    /// How many of the failures `fail_writes` asked for are still to come.
-    pub fn faults_left(&self) -> usize {
-        lock(&self.inner.faults).iter().map(|f| f.left).sum()
-    }
-
-    /// Makes the server unreachable (every connection dropped) or reachable
-    /// again.
-    pub fn set_offline(&self, offline: bool) {
-        self.inner
-            .offline
-            .store(offline, std::sync::atomic::Ordering::SeqCst);
-        if offline {
-            self.inner.reset.send_modify(|n| *n += 1);
-        }
-    }
-
-    /// The other writer's patch, when the CRR status PUT `body` is to
-    /// lose a race.
-    fn take_race(&self, body: &Value) -> Option<(Value, bool)> {
-        let mut race = lock(&self.inner.race);
-        let race = race.as_mut().filter(|r| r.left > 0 && (r.matches)(body))?;
-        let other = (race.other)(race.left);
-        race.left -= 1;
-        Some(other)
-    }
-
-    /// While `cut`, every write of `user` (a user name, as `UserInfo`
-    /// has it) is swallowed: never applied, never answered, as if a network
-    /// partition dropped it on the way. Reads still pass.
-    pub fn partition(&self, user: &str, cut: bool) {
-        let mut partitioned = lock(&self.inner.partitioned);
-        partitioned.retain(|u| u != user);
-        if cut {
-            partitioned.push(user.to_owned());
-        }
-    }
-
-    fn is_offline(&self) -> bool {
-        self.inner.offline.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    /// From now on, an HTTP write that `matches` is swallowed: it is never
-    /// applied and never answered, as if the writer died just before the
-    /// API server had it. The returned Notify fires at the first such write.
-    pub fn stall_writes(&self, matches: WriteMatcher) -> Arc<tokio::sync::Notify> {
-        let hit = Arc::new(tokio::sync::Notify::new());
-        *lock(&self.inner.stall) = Some(Stall {
-            matches,
-            hit: Arc::clone(&hit),
-        });
-        hit
-    }
-
-    /// Writes go through again.
-    pub fn clear_stall(&self) {
-        *lock(&self.inner.stall) = None;
-    }
-
-    /// A Namespace, as `kubectl apply -k deploy/standalone` makes
-    /// crr-proxy-system.
-    pub fn add_namespace(&self, name: &str) {
-        lock(&self.inner.namespaces).insert(name.to_owned());
-    }
-
-    /// NamespaceLifecycle: nothing is created in a namespace that does not
-    /// exist (kube-apiserver's plugin/pkg/admission/namespace/lifecycle/
-    /// admission.go, `Lifecycle.Admit`, answers NotFound for the
-    /// namespace). The namespaces kube-apiserver makes at start
-    /// (pkg/controlplane/controller/systemnamespaces) exist, as do those
-    /// added and those of the objects a test seeded.
-    fn admit_namespace(
-        &self,
-        store: &Store,
-        resource: Resource,
-        namespace: &str,
-    ) -> Result<(), ApiError> {
-        const SYSTEM: [&str; 4] = ["default", "kube-system", "kube-public", "kube-node-lease"];
-        let exists = !resource.namespaced()
-            || SYSTEM.contains(&namespace)
-            || lock(&self.inner.namespaces).contains(namespace)
-            || store.objects.keys().any(|(_, ns, _)| ns == namespace);
-        if exists {
-            Ok(())
-        } else {
-            Err(ApiError::new(
-                404,
-                "NotFound",
-                format!("namespaces {namespace:?} not found"),
-            ))
-        }
-    }
-
-    /// Installs the ValidatingAdmissionPolicies (with their bindings) of a
-    /// manifest. They judge HTTP requests of authenticated users.
-    pub fn add_policies(&self, manifest: &str) {
-        let loaded = policy::load(manifest);
-        assert!(!loaded.is_empty(), "no bound policy in the manifest");
-        lock(&self.inner.policies).extend(loaded.into_iter().map(Arc::new));
-    }
-
-    /// The policies' verdict on a write by the current HTTP caller.
-    #[allow(clippy::too_many_arguments)]
-    fn admit_policies(
-        &self,
-        store: &Store,
-        operation: &'static str,
-        (resource, namespace, name): &Key,
-        status: bool,
-        object: Option<&Value>,
-        old_object: Option<&Value>,
-    ) -> Result<(), ApiError> {
-        let Ok(Some(user)) = CALLER.try_with(Clone::clone) else {
-            return Ok(());
-        };
-        let (group, plural) = resource.group_resource();
-        let attrs = Attributes {
-            operation,
-            group,
-            resource: plural,
-            subresource: if status { "status" } else { "" },
-            namespace,
-            name,
-            object,
-            old_object,
-            user: &user,
-            params: &|kind, namespace, name| {
-                let resource = [Resource::Lease, Resource::Pod, Resource::Node]
-                    .into_iter()
-                    .find(|r| r.kind() == kind)?;
-                store.get(resource, namespace, name).cloned()
-            },
-        };
-        let policies = lock(&self.inner.policies).clone();
-        policies.iter().try_for_each(|p| p.admit(&attrs))
-    }
-
-    pub fn add_admission(&self, hook: Admission) {
-        lock(&self.inner.admission).push(hook);
-    }
-
-    /// Removes every admission hook (the webhook's server went away).
-    pub fn clear_admission(&self) {
-        lock(&self.inner.admission).clear();
-    }
-
-    /// Forgets the history and ends every watch: resuming from any earlier
-    /// resourceVersion now answers `410 Gone`, as after etcd compaction.
-    pub fn compact(&self) {
-        let mut store = lock(&self.inner.store);
-        store.history.clear();
-        // etcd revisions are shared by every resource, so others' writes move
-        // them on: after compaction no resourceVersion a client holds is current.
-        store.rv += 1;
-        store.oldest = store.rv + 1;
-        self.inner.reset.send_modify(|n| *n += 1);
     }
 
     pub fn subscribe(&self) -> broadcast::Receiver<Change> {
