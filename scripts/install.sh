@@ -69,7 +69,8 @@ live_systemd() { [[ -z "$root" && -d /run/systemd/system ]] && command -v system
 dropin_dir="$unit_dir/crr-proxy.service.d"
 kubelet_kubeconfig=/etc/kubernetes/kubelet.conf
 # The identity's settings: the env file's kubeconfig line and the drop-in.
-# Sets identity_changed when either changed (the service then restarts).
+# Sets identity_changed when either changed in a running install (the
+# service then restarts; a new one starts with them).
 identity_changed=false
 set_identity() {
   local env="$conf_dir/crr-proxy.env" before after
@@ -79,8 +80,10 @@ set_identity() {
     [[ -e "$root$kubelet_kubeconfig" ]] ||
       echo "install.sh: note: $kubelet_kubeconfig does not exist on this node yet" >&2
     install -D -m 0644 systemd/kubelet-identity.conf "$dropin_dir/kubelet-identity.conf"
-    sed -i '/^CRR_PROXY_KUBECONFIG=/d' "$env"
-    echo "CRR_PROXY_KUBECONFIG=$kubelet_kubeconfig" >>"$env"
+    if ! grep -qx "CRR_PROXY_KUBECONFIG=$kubelet_kubeconfig" "$env"; then
+      sed -i '/^CRR_PROXY_KUBECONFIG=/d' "$env"
+      echo "CRR_PROXY_KUBECONFIG=$kubelet_kubeconfig" >>"$env"
+    fi
   elif [[ -n "$kubeconfig" ]]; then
     [[ -f "$kubeconfig" ]] || { echo "install.sh: $kubeconfig not found" >&2; exit 1; }
     install -m 0600 "$kubeconfig" "$conf_dir/kubeconfig"
@@ -88,7 +91,7 @@ set_identity() {
     rmdir "$dropin_dir" 2>/dev/null || true
     # Named in the settings unless the operator already names one (but not
     # kubelet's, which was the identity until now).
-    sed -i "\|^CRR_PROXY_KUBECONFIG=$kubelet_kubeconfig\$|d" "$env"
+    sed -E -i "\|^CRR_PROXY_KUBECONFIG=[\"']?$kubelet_kubeconfig[\"']?\$|d" "$env"
     grep -q '^CRR_PROXY_KUBECONFIG=' "$env" ||
       echo "CRR_PROXY_KUBECONFIG=/etc/crr-proxy/kubeconfig" >>"$env"
   fi
@@ -147,6 +150,10 @@ if $kubelet_only; then
 fi
 
 [[ -x "$binary" ]] || { echo "install.sh: $binary not found; build it with: cargo build --release" >&2; exit 1; }
+# Running already: a change of identity needs a restart (a service that
+# starts now reads it anyway).
+running=false
+if live_systemd && systemctl is-active --quiet crr-proxy.service; then running=true; fi
 install -D -m 0755 "$binary" "$bin_path"
 install -D -m 0644 systemd/crr-proxy.socket "$unit_dir/crr-proxy.socket"
 install -D -m 0644 systemd/crr-proxy.service "$unit_dir/crr-proxy.service"
@@ -164,7 +171,7 @@ if live_systemd; then
   systemctl daemon-reload
   systemctl enable --now crr-proxy.socket crr-proxy.service
   # Another identity: the service reads it, and its mounts, at start.
-  if $identity_changed; then systemctl try-restart crr-proxy.service; fi
+  if $identity_changed && $running; then systemctl restart crr-proxy.service; fi
   if $kubelet_touched; then systemctl restart kubelet.service; fi
 fi
 echo "crr-proxy installed"

@@ -130,6 +130,9 @@ cat >"$pkg/DEBIAN/postrm" <<'EOF'
 set -e
 if [ "$1" = purge ]; then
   rm -rf "${DPKG_ROOT:-}/etc/crr-proxy"
+  # install.sh --identity kubelet's drop-in goes with the settings.
+  rm -f "${DPKG_ROOT:-}/etc/systemd/system/crr-proxy.service.d/kubelet-identity.conf"
+  rmdir "${DPKG_ROOT:-}/etc/systemd/system/crr-proxy.service.d" 2>/dev/null || true
 fi
 if [ -z "${DPKG_ROOT:-}" ] && [ -d /run/systemd/system ]; then
   systemctl daemon-reload || true

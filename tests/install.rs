@@ -423,7 +423,13 @@ fn kubelets_identity_is_named_with_its_drop_in_and_replaced_by_an_own_one() {
         include_str!("../systemd/kubelet-identity.conf")
     );
 
-    // Back to an identity of its own.
+    // Back to an identity of its own, from a line the operator quoted.
+    let env_file = root.join("etc/crr-proxy/crr-proxy.env");
+    let quoted = env().replace(
+        "CRR_PROXY_KUBECONFIG=/etc/kubernetes/kubelet.conf",
+        "CRR_PROXY_KUBECONFIG=\"/etc/kubernetes/kubelet.conf\"",
+    );
+    std::fs::write(&env_file, quoted).unwrap();
     let own = scratch.parent().unwrap().join("node.kubeconfig");
     std::fs::write(&own, "apiVersion: v1\nkind: Config\n").unwrap();
     install(&root, &["--kubeconfig", own.to_str().unwrap()]);

@@ -405,6 +405,13 @@ async fn the_release_installs_and_runs_under_a_real_systemd() {
     let refused = machine.sh("dpkg -r crr-proxy");
     assert!(!refused.status.success(), "{}", text(&refused));
     assert_eq!(machine.active("crr-proxy.socket"), "active");
+    // The package's crr-proxy under kubelet's identity, on a node that has
+    // no /etc/kubernetes yet: it still serves.
+    machine.ok("/usr/share/crr-proxy/scripts/install.sh --kubelet-only --identity kubelet");
+    let dropin = "/etc/systemd/system/crr-proxy.service.d/kubelet-identity.conf";
+    assert!(machine.file(dropin).is_some());
+    version(&socket).await.unwrap();
+    assert_eq!(machine.active("crr-proxy.service"), "active");
     machine.ok("/usr/share/crr-proxy/scripts/install.sh --kubelet-only --uninstall");
     assert_eq!(
         machine.file("/var/lib/kubelet/config.yaml").unwrap(),
@@ -414,6 +421,10 @@ async fn the_release_installs_and_runs_under_a_real_systemd() {
     assert_eq!(machine.active("crr-proxy.socket"), "inactive");
     assert!(!socket.exists());
     assert!(machine.file("/etc/crr-proxy/crr-proxy.env").is_none());
+    assert!(
+        machine.file(dropin).is_none(),
+        "the purge leaves the drop-in"
+    );
 
     // The tarball, with no checkout and no toolchain: its install.sh
     // switches kubelet and restarts it; --uninstall puts both back.
@@ -440,6 +451,8 @@ async fn the_release_installs_and_runs_under_a_real_systemd() {
     machine.ok(
         "mkdir -p /etc/kubernetes/pki /var/lib/kubelet/pki && \
          echo admin > /etc/kubernetes/admin.conf && echo ca > /etc/kubernetes/pki/ca.key && \
+         mkdir -p /etc/kubernetes/tmp/kubeadm-backup-etcd && \
+         echo etcd > /etc/kubernetes/tmp/kubeadm-backup-etcd/db && \
          echo serving > /var/lib/kubelet/pki/kubelet.key && \
          echo client > /var/lib/kubelet/pki/kubelet-client-2026-12-05-00-00-00.pem && \
          ln -sf kubelet-client-2026-12-05-00-00-00.pem /var/lib/kubelet/pki/kubelet-client-current.pem && \
@@ -460,6 +473,7 @@ async fn the_release_installs_and_runs_under_a_real_systemd() {
     let others = [
         "/etc/kubernetes/admin.conf",
         "/etc/kubernetes/pki/ca.key",
+        "/etc/kubernetes/tmp/kubeadm-backup-etcd/db",
         "/var/lib/kubelet/pki/kubelet.key",
     ];
     for path in kubelets.iter().chain(&others) {

@@ -26,6 +26,7 @@ use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
 use super::AgentError;
+use crate::telemetry::Chain;
 
 /// How often the files are compared with those the client was built from.
 /// kubelet renews its certificate weeks before the old one expires, so a
@@ -35,6 +36,10 @@ const EVERY: Duration = Duration::from_secs(60);
 /// The least time between two looks, so that a run of 401s (a credential
 /// revoked for good) reads the files once a second at most.
 const PAUSE: Duration = Duration::from_secs(1);
+
+/// Looks in a row that could not read the files before that is a warning
+/// (each look is about 2 s apart).
+const UNREAD_WARN: u32 = 5;
 
 /// A client for `kubeconfig` whose credentials follow the files.
 pub(crate) async fn following(kubeconfig: &Path) -> Result<kube::Client, AgentError> {
@@ -114,16 +119,25 @@ impl tower::Service<Request<Body>> for Following {
 /// Builds the client again whenever the files differ from those it was
 /// built from. A failed build keeps the client in use.
 async fn watch(kubeconfig: PathBuf, mut built_from: Sources, shared: Arc<Shared>) {
+    // Looks in a row that could not read the files.
+    let mut unread = 0u32;
     loop {
         tokio::select! {
             () = tokio::time::sleep(EVERY) => {}
             () = shared.stale.notified() => {}
         }
-        match Sources::read(&kubeconfig).await {
-            // kubelet swaps the certificate's link by removing it first: a
-            // file missing for a moment is looked at again.
+        let read = Sources::read(&kubeconfig).await;
+        unread = if read.is_ok() { 0 } else { unread + 1 };
+        match read {
+            // A file missing for a moment (a swap under way) is looked at
+            // again; missing for longer, the credentials in use may expire
+            // unnoticed, which is said (then once a minute).
             Err(error) => {
-                debug!(%error, "cannot read the kubeconfig's files now; looking again");
+                if unread >= UNREAD_WARN && (unread - UNREAD_WARN) % 30 == 0 {
+                    warn!(error = %Chain(&error), tries = unread, "cannot read the kubeconfig's files: the credentials in use are kept, and may expire");
+                } else {
+                    debug!(error = %Chain(&error), "cannot read the kubeconfig's files now; looking again");
+                }
                 tokio::time::sleep(PAUSE).await;
                 shared.stale.notify_one();
             }
@@ -138,7 +152,7 @@ async fn watch(kubeconfig: PathBuf, mut built_from: Sources, shared: Arc<Shared>
                     info!(kubeconfig = %kubeconfig.display(), "the kubeconfig or a credential it names changed; new requests use it");
                 }
                 Err(error) => {
-                    warn!(%error, "the kubeconfig changed but cannot be used; keeping the credentials in use");
+                    warn!(error = %Chain(&error), "the kubeconfig changed but cannot be used; keeping the credentials in use");
                     built_from = now;
                 }
             },
@@ -168,15 +182,26 @@ impl Sources {
         let mut files = vec![(kubeconfig.to_owned(), read(kubeconfig)?)];
         let parsed = Kubeconfig::read_from(kubeconfig)
             .map_err(|e| AgentError::KubeConfig(format!("{}: {e}", kubeconfig.display())))?;
+        // Only what the current context uses, as the client is built from
+        // it: another context's missing file is none of the agent's business.
+        let context = parsed
+            .contexts
+            .iter()
+            .find(|c| Some(&c.name) == parsed.current_context.as_ref())
+            .and_then(|c| c.context.as_ref());
+        let user = context.and_then(|c| c.user.as_ref());
+        let cluster = context.map(|c| &c.cluster);
         let named = parsed
             .auth_infos
             .iter()
+            .filter(|a| Some(&a.name) == user)
             .filter_map(|a| a.auth_info.as_ref())
             .flat_map(|a| [&a.client_certificate, &a.client_key, &a.token_file])
             .chain(
                 parsed
                     .clusters
                     .iter()
+                    .filter(|c| Some(&c.name) == cluster)
                     .filter_map(|c| c.cluster.as_ref())
                     .map(|c| &c.certificate_authority),
             )
@@ -232,6 +257,15 @@ mod tests {
         assert!(Sources::read_now(&path).is_err());
         std::os::unix::fs::symlink(&second, &current).unwrap();
         assert_ne!(Sources::read_now(&path).unwrap(), before);
+
+        // Another context's user and its missing file play no part.
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text = text.replace(
+            "contexts:",
+            "- name: other\n  user:\n    client-certificate: /nowhere/other.pem\ncontexts:",
+        );
+        std::fs::write(&path, text).unwrap();
+        assert_eq!(Sources::read_now(&path).unwrap().0.len(), 2);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
