@@ -72,10 +72,13 @@ kubelet_kubeconfig=/etc/kubernetes/kubelet.conf
 # Sets identity_changed when either changed in a running install (the
 # service then restarts; a new one starts with them).
 identity_changed=false
-set_identity() {
-  local env="$conf_dir/crr-proxy.env" before after
+identity_sum() {
   # The drop-in is often absent: its cat fails, the checksum is still taken.
-  before=$({ cat "$env" "$dropin_dir/kubelet-identity.conf" 2>/dev/null || true; } | sha256sum)
+  { cat "$conf_dir/crr-proxy.env" "$dropin_dir/kubelet-identity.conf" 2>/dev/null || true; } | sha256sum
+}
+set_identity() {
+  local env="$conf_dir/crr-proxy.env" before
+  before=$(identity_sum)
   if [[ "$identity" == kubelet ]]; then
     [[ -e "$root$kubelet_kubeconfig" ]] ||
       echo "install.sh: note: $kubelet_kubeconfig does not exist on this node yet" >&2
@@ -95,8 +98,7 @@ set_identity() {
     grep -q '^CRR_PROXY_KUBECONFIG=' "$env" ||
       echo "CRR_PROXY_KUBECONFIG=/etc/crr-proxy/kubeconfig" >>"$env"
   fi
-  after=$({ cat "$env" "$dropin_dir/kubelet-identity.conf" 2>/dev/null || true; } | sha256sum)
-  [[ "$before" == "$after" ]] || identity_changed=true
+  [[ "$before" == "$(identity_sum)" ]] || identity_changed=true
 }
 
 if $uninstall && $kubelet_only; then

@@ -161,17 +161,21 @@ pub struct AgentSettings {
 /// or `~/.kube/config`, else the in-cluster service account.
 pub async fn kube_config(settings: &AgentSettings) -> Result<kube::Config, AgentError> {
     match &settings.kubeconfig {
-        Some(path) => {
-            let kubeconfig = Kubeconfig::read_from(path)
-                .map_err(|e| AgentError::KubeConfig(format!("{}: {e}", path.display())))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                .await
-                .map_err(|e| AgentError::KubeConfig(format!("{}: {e}", path.display())))
-        }
+        Some(path) => kube_config_at(path).await,
         None => kube::Config::infer()
             .await
             .map_err(|e| AgentError::KubeConfig(e.to_string())),
     }
+}
+
+/// The Kubernetes client configuration of the kubeconfig at `path`.
+async fn kube_config_at(path: &std::path::Path) -> Result<kube::Config, AgentError> {
+    let bad =
+        |e: &dyn std::fmt::Display| AgentError::KubeConfig(format!("{}: {e}", path.display()));
+    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| bad(&e))?;
+    kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| bad(&e))
 }
 
 /// The agent's thread, as the daemon sees it.

@@ -209,12 +209,7 @@ pub fn render(
     if identity == Identity::Kubelet && overlay == Overlay::Standalone {
         return Err(ManifestError::KubeletStandalone);
     }
-    let mut out = String::new();
-    if identity == Identity::Kubelet {
-        out.push_str(
-            "# Rendered for kubelet's identity: user system:node:<node>, group system:nodes.\n",
-        );
-    }
+    let mut parts = Vec::new();
     for file in files(overlay) {
         let mut text = replace_name(file.text, DEFAULT_LEASE_NAMESPACE, &lease.namespace);
         text = replace_name(&text, DEFAULT_LEASE_NAME, &lease.name);
@@ -229,16 +224,19 @@ pub fn render(
             let kubelet = Identity::Kubelet.user_prefix().trim_end_matches(':');
             text = replace_name(&text, own, kubelet);
         }
-        if out.lines().any(|line| !line.starts_with('#')) {
-            out.push_str("---\n");
+        let mut part = format!("# deploy/{}\n{text}", file.path);
+        if !part.ends_with('\n') {
+            part.push('\n');
         }
-        out.push_str(&format!("# deploy/{}\n", file.path));
-        out.push_str(&text);
-        if !out.ends_with('\n') {
-            out.push('\n');
-        }
+        parts.push(part);
     }
-    Ok(out)
+    let header = match identity {
+        Identity::Own => "",
+        Identity::Kubelet => {
+            "# Rendered for kubelet's identity: user system:node:<node>, group system:nodes.\n"
+        }
+    };
+    Ok(format!("{header}{}", parts.join("---\n")))
 }
 
 /// `text`, a YAML stream, without the documents that are one of `objects`

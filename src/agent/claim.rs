@@ -109,7 +109,10 @@ impl Claimer {
                         backoff.reset();
                         queue.add(ObjectRef::from_obj(&crr));
                     }
-                    Ok(watcher::Event::Init) => listing.begin(),
+                    Ok(watcher::Event::Init) => {
+                        backoff.reset();
+                        listing.begin();
+                    }
                     Ok(watcher::Event::InitApply(crr)) => listing.add(ObjectRef::from_obj(&crr)),
                     Ok(watcher::Event::InitDone) => {
                         backoff.reset();

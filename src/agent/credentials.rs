@@ -21,11 +21,11 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use http::{Request, Response, StatusCode};
 use kube::client::Body;
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::config::Kubeconfig;
 use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
-use super::AgentError;
+use super::{AgentError, kube_config_at};
 use crate::telemetry::Chain;
 
 /// How often the files are compared with those the client was built from.
@@ -44,7 +44,7 @@ const UNREAD_WARN: u32 = 5;
 /// A client for `kubeconfig` whose credentials follow the files.
 pub(crate) async fn following(kubeconfig: &Path) -> Result<kube::Client, AgentError> {
     let sources = Sources::read(kubeconfig).await?;
-    let config = load(kubeconfig).await?;
+    let config = kube_config_at(kubeconfig).await?;
     let namespace = config.default_namespace.clone();
     let client = kube::Client::try_from(config).map_err(AgentError::Kube)?;
     let shared = Arc::new(Shared {
@@ -53,16 +53,6 @@ pub(crate) async fn following(kubeconfig: &Path) -> Result<kube::Client, AgentEr
     });
     tokio::spawn(watch(kubeconfig.to_owned(), sources, Arc::clone(&shared)));
     Ok(kube::Client::new(Following { shared }, namespace))
-}
-
-async fn load(kubeconfig: &Path) -> Result<kube::Config, AgentError> {
-    let bad = |e: &dyn std::fmt::Display| {
-        AgentError::KubeConfig(format!("{}: {e}", kubeconfig.display()))
-    };
-    let parsed = Kubeconfig::read_from(kubeconfig).map_err(|e| bad(&e))?;
-    kube::Config::from_custom_kubeconfig(parsed, &KubeConfigOptions::default())
-        .await
-        .map_err(|e| bad(&e))
 }
 
 /// The client in use, and the signal that it may be out of date.
@@ -142,7 +132,7 @@ async fn watch(kubeconfig: PathBuf, mut built_from: Sources, shared: Arc<Shared>
                 shared.stale.notify_one();
             }
             Ok(now) if now == built_from => {}
-            Ok(now) => match load(&kubeconfig)
+            Ok(now) => match kube_config_at(&kubeconfig)
                 .await
                 .and_then(|config| kube::Client::try_from(config).map_err(AgentError::Kube))
             {

@@ -84,10 +84,7 @@ impl FakeApiServer {
             // or watch only with fieldSelector spec.nodeName=<node>
             // (AuthorizeNodeWithSelectors, on by default since 1.32).
             ("", "pods") => match verb {
-                "get" => access
-                    .name
-                    .and_then(|name| self.get(Resource::Pod, access.namespace.unwrap_or(""), name))
-                    .is_some_and(|pod| pod["spec"]["nodeName"] == node),
+                "get" => self.pod_bound_to(node, access) == Some(true),
                 "list" | "watch" => {
                     access.field_selector == Some(format!("spec.nodeName={node}").as_str())
                 }
@@ -108,6 +105,13 @@ impl FakeApiServer {
         }
     }
 
+    /// Whether the Pod `access` names is bound to `node`; `None` when there
+    /// is no such Pod.
+    fn pod_bound_to(&self, node: &str, access: &Access<'_>) -> Option<bool> {
+        let pod = self.get(Resource::Pod, access.namespace.unwrap_or(""), access.name?)?;
+        Some(pod["spec"]["nodeName"] == node)
+    }
+
     /// The NodeRestriction admission plugin, for the writes a crr-proxy
     /// under kubelet's identity could try
     /// (`plugin/pkg/admission/noderestriction/admission.go`, `Admit`):
@@ -120,10 +124,7 @@ impl FakeApiServer {
         let forbidden = |message: String| Err(ApiError::new(403, "Forbidden", message));
         match (access.group(), access.resource().as_str()) {
             ("", "pods/status") => {
-                let pod = access
-                    .name
-                    .and_then(|name| self.get(Resource::Pod, access.namespace.unwrap_or(""), name));
-                if pod.is_some_and(|pod| pod["spec"]["nodeName"] != node) {
+                if self.pod_bound_to(node, access) == Some(false) {
                     return forbidden(format!(
                         "node {node:?} can only update pod status for pods with their spec.nodeName set to itself"
                     ));
