@@ -66,8 +66,6 @@ fn is_gone(error: &watcher::Error) -> bool {
 
 /// Up to `max`, from the clock's nanoseconds: spread enough to keep nodes
 /// apart, with no generator to seed.
-/// Up to `max`, from the clock's nanoseconds (spread enough for retries,
-/// and no RNG to carry).
 pub(crate) fn jitter(max: Duration) -> Duration {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)

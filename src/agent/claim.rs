@@ -51,7 +51,7 @@ pub(crate) struct Claimer {
     /// claim that cannot land while the Lease is surely held is abandoned
     /// and tried again, by whoever holds it then.
     pub(crate) timeout: Duration,
-    /// How long after its creation a claimed CRR may go unanswered.
+    /// How long a claimed CRR may go unanswered by its node.
     pub(crate) unanswered: Duration,
     /// For the Events on CRRs the API server refuses to let it write.
     pub(crate) recorder: Recorder,
@@ -91,7 +91,7 @@ impl Claimer {
             match self.crrs.list(&claimed).await {
                 Ok(crrs) => {
                     for crr in crrs.iter().filter(|c| awaits_answer(c)) {
-                        answers.add_at(ObjectRef::from_obj(crr), self.answer_due(crr));
+                        answers.add_at(ObjectRef::from_obj(crr), self.answer_due());
                     }
                 }
                 Err(error) => {
@@ -185,15 +185,15 @@ impl Claimer {
         }
     }
 
-    /// When a claimed CRR is due to have been taken up by its node.
-    fn answer_due(&self, crr: &ContainerRecreateRequest) -> tokio::time::Instant {
-        let age = crr
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .map_or(0, |t| Timestamp::now().as_second() - t.0.as_second());
-        let left = i64::try_from(self.unanswered.as_secs()).unwrap_or(i64::MAX) - age;
-        tokio::time::Instant::now() + Duration::from_secs(left.max(0).unsigned_abs())
+    /// When a CRR claimed (or found waiting) now is due to have been taken
+    /// up by its node. kruise-manager counts from the CRR's creation, which
+    /// its webhook labels at once; here the claim is a step of its own, and
+    /// a CRR created while the API server was away is claimed only once it
+    /// is back, when its node (cut off too) has had no time yet. Counted
+    /// from the claim, an outage only delays such a CRR. A holder that takes
+    /// over cannot know when its predecessor claimed, and counts from then.
+    fn answer_due(&self) -> tokio::time::Instant {
+        tokio::time::Instant::now() + self.unanswered
     }
 
     /// Ends a claimed CRR its node has not taken up in time, from a fresh
@@ -205,12 +205,6 @@ impl Claimer {
         };
         if !awaits_answer(&crr) {
             return Ok(Next::Done);
-        }
-        let left = self
-            .answer_due(&crr)
-            .saturating_duration_since(tokio::time::Instant::now());
-        if !left.is_zero() {
-            return Ok(Next::After(left));
         }
         let node = crr
             .labels()
@@ -265,7 +259,7 @@ impl Claimer {
                 if claimed.is_ok() {
                     info!(crr = %crr.name_any(), %namespace, %node, "claimed for its Pod's node");
                     self.metrics.crr_claimed();
-                    answers.add_at(ObjectRef::from_obj(crr), self.answer_due(crr));
+                    answers.add_at(ObjectRef::from_obj(crr), self.answer_due());
                 }
                 claimed.map(drop)
             }

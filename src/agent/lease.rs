@@ -47,8 +47,9 @@ pub struct LeaseSettings {
     pub duration: Duration,
     /// How often the holder renews; less than `duration`.
     pub renew_period: Duration,
-    /// How long after its creation a claimed CRR may go unanswered by its
-    /// node before the holder ends it (kruise-manager's `responseTimeout`).
+    /// How long after its claim a CRR may go unanswered by its node before
+    /// the holder ends it (kruise-manager's `responseTimeout`, which counts
+    /// from the CRR's creation).
     pub unanswered: Duration,
     /// The wall clock this node writes into the Lease.
     pub clock: WallClock,

@@ -42,9 +42,12 @@ impl ApiVersion {
     /// Which version to use: v1beta1 if the cluster lists CRRs under
     /// `apps.kruise.io/v1beta1` (OpenKruise v1.9 serves that group-version
     /// for other kinds, so the group-version alone proves nothing), else
-    /// v1alpha1. Errors if neither serves them.
+    /// v1alpha1. Errors if neither serves them, and when the v1beta1 probe
+    /// fails for any other reason than "not served": on a cluster that
+    /// serves both, a transient failure (the first request on a connection
+    /// the API server closed as it restarted) would otherwise read as "v1alpha1
+    /// only" and turn every watch over to the older version, and back.
     pub async fn discover(client: &kube::Client) -> Result<Self, kube::Error> {
-        let mut last = None;
         for version in [ApiVersion::V1beta1, ApiVersion::V1alpha1] {
             match client
                 .list_api_group_resources(&format!("{GROUP}/{}", version.as_str()))
@@ -53,17 +56,15 @@ impl ApiVersion {
                 Ok(list) if list.resources.iter().any(|r| r.name == PLURAL) => return Ok(version),
                 Ok(_) => {}
                 Err(kube::Error::Api(status)) if status.code == 404 => {}
-                Err(error) => last = Some(error),
+                Err(error) => return Err(error),
             }
         }
-        Err(last.unwrap_or_else(|| {
-            kube::Error::Api(Box::new(kube::core::Status {
-                code: 404,
-                message: format!("{GROUP} does not serve {PLURAL}"),
-                reason: "NotFound".into(),
-                ..Default::default()
-            }))
-        }))
+        Err(kube::Error::Api(Box::new(kube::core::Status {
+            code: 404,
+            message: format!("{GROUP} does not serve {PLURAL}"),
+            reason: "NotFound".into(),
+            ..Default::default()
+        })))
     }
 }
 
@@ -251,4 +252,75 @@ fn parse(obj: DynamicObject) -> Option<ContainerRecreateRequest> {
     parse_object(obj)
         .inspect_err(|error| warn!(crr = %name, %error, "skipping a CRR that does not parse"))
         .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use serde_json::json;
+
+    use super::*;
+
+    /// A cluster that serves CRRs in both versions, whose answer to the
+    /// v1beta1 probe is `v1beta1`.
+    fn cluster(v1beta1: (u16, Value)) -> kube::Client {
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let version = request.uri().path().rsplit('/').next().unwrap_or_default();
+            let (code, body) = match version {
+                "v1beta1" => v1beta1.clone(),
+                version => served(version),
+            };
+            let answer = http::Response::builder()
+                .status(code)
+                .body(Full::new(Bytes::from(body.to_string())));
+            async move { Ok::<_, Infallible>(answer.unwrap_or_default()) }
+        });
+        kube::Client::new(service, "default")
+    }
+
+    fn status(code: u16, reason: &str) -> (u16, Value) {
+        let body = json!({
+            "kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "message": reason, "reason": reason, "code": code,
+        });
+        (code, body)
+    }
+
+    #[tokio::test]
+    async fn v1beta1_where_served_else_v1alpha1_and_no_guess_after_a_failure() {
+        let both = cluster(served("v1beta1"));
+        assert_eq!(
+            ApiVersion::discover(&both).await.ok(),
+            Some(ApiVersion::V1beta1)
+        );
+
+        let not_served = cluster(status(404, "NotFound"));
+        assert_eq!(
+            ApiVersion::discover(&not_served).await.ok(),
+            Some(ApiVersion::V1alpha1)
+        );
+
+        // The v1beta1 probe failed: no answer, rather than v1alpha1.
+        let failing = cluster(status(503, "ServiceUnavailable"));
+        match ApiVersion::discover(&failing).await {
+            Err(kube::Error::Api(status)) => assert_eq!(status.code, 503),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Discovery's answer for a group-version that serves CRRs.
+    fn served(version: &str) -> (u16, Value) {
+        let body = json!({
+            "kind": "APIResourceList",
+            "groupVersion": format!("{GROUP}/{version}"),
+            "resources": [{
+                "name": PLURAL, "singularName": "", "namespaced": true,
+                "kind": KIND, "verbs": ["get", "list", "watch"],
+            }],
+        });
+        (200, body)
+    }
 }

@@ -51,6 +51,8 @@ struct Cluster {
     cri: crr_proxy::cri::RuntimeClient,
     recreated: Arc<Recreated>,
     agent: Option<tokio::task::JoinHandle<()>>,
+    /// The standalone Lease's settings the agent starts with.
+    lease: agent::LeaseSettings,
     ctrd: Containerd,
 }
 
@@ -91,7 +93,7 @@ impl Cluster {
             recreated: Arc::clone(&self.recreated),
             kills: Arc::new(crr_proxy::records::Records::in_memory()),
             metrics: Arc::clone(&self.metrics),
-            lease: agent::LeaseSettings::default(),
+            lease: self.lease.clone(),
             kubelet: agent::KubeletSettings {
                 config: None,
                 reads_rewrites: true,
@@ -145,6 +147,7 @@ impl Cluster {
             cri,
             recreated,
             agent: None,
+            lease: agent::LeaseSettings::default(),
         }
     }
 

@@ -539,6 +539,9 @@ impl FakeApiServer {
         let handle = server.clone();
         tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
+                // Subscribed before the check: a `set_offline` that comes
+                // after it still drops this connection.
+                let mut reset = handle.inner.reset.subscribe();
                 if handle.is_offline() {
                     // Unreachable: the connection is dropped at once.
                     continue;
@@ -551,7 +554,6 @@ impl FakeApiServer {
                 let _ = stream.set_nodelay(true);
                 let handle = handle.clone();
                 tokio::spawn(async move {
-                    let mut reset = handle.inner.reset.subscribe();
                     let service = service_fn(move |req| {
                         let handle = handle.clone();
                         async move { Ok::<_, Infallible>(handle.serve(req).await) }
