@@ -25,9 +25,11 @@
 //! and never split a header block (`outbound`).
 //!
 //! Parts: `codec` reassembles and decodes header blocks; `flow` is the
-//! windows arithmetic; `streams` owns each stream's held frames; `requests`
-//! and `responses` handle the two directions' frames; `standin` answers
-//! while the runtime is unreachable; this file owns the sockets.
+//! windows arithmetic; `streams` owns each stream's held frames;
+//! `outbound` each direction's queue; `closing` the GOAWAYs, shutdown's
+//! drain and the client's failure; `requests` and `responses` handle the
+//! two directions' frames; `standin` answers while the runtime is
+//! unreachable; this file owns the sockets.
 
 use std::future::poll_fn;
 use std::io;
@@ -46,11 +48,13 @@ use super::socket::{Inbox, Socket};
 use crate::metrics::Metrics;
 use crate::reason::Recreated;
 use crate::telemetry::Chain;
+use closing::Closing;
 use codec::{Blocks, CodecError};
 use flow::{ClientFlow, RuntimeCredit};
 use outbound::Outbound;
 use streams::Streams;
 
+mod closing;
 mod codec;
 mod flow;
 mod outbound;
@@ -85,9 +89,6 @@ const FIRST_STREAM_WAIT: Duration = Duration::from_millis(500);
 
 /// How often a connection waiting for its first stream looks again.
 const FIRST_STREAM_POLL: Duration = Duration::from_millis(5);
-
-/// The payload of the drain's PING, which the relay answers itself.
-const DRAIN_PING: [u8; 8] = *b"crr-drn\0";
 
 #[derive(Debug, thiserror::Error)]
 pub(super) enum RelayError {
@@ -190,7 +191,7 @@ impl Relay {
                 () = &mut first_stream, if first_stream_by.is_some() => {
                     let now = tokio::time::Instant::now();
                     let waited = first_stream_by.is_some_and(|by| now >= by);
-                    if self.state.goaways.last_client_stream > 0 || waited {
+                    if self.state.closing.last_client_stream() > 0 || waited {
                         first_stream_by = None;
                         self.state.drain();
                         ping_wait.as_mut().reset(now + DRAIN_PING_WAIT);
@@ -198,7 +199,7 @@ impl Relay {
                         first_stream.as_mut().reset(now + FIRST_STREAM_POLL);
                     }
                 }
-                () = &mut ping_wait, if self.state.drain == Drain::Pinged => {
+                () = &mut ping_wait, if self.state.closing.pinged() => {
                     debug!("the client did not acknowledge the drain's PING in time");
                     self.state.drain_acked();
                 }
@@ -273,7 +274,7 @@ impl Relay {
                         progress = true;
                     }
                     Poll::Ready(Ok(_)) => {
-                        match state.failure.is_some() {
+                        match state.closing.failed() {
                             true => state.credit_after_failure(),
                             false => {
                                 if let Err(error) = state.client_frames() {
@@ -333,56 +334,6 @@ struct Ends {
     failed: bool,
 }
 
-/// Shutdown as RFC 9113 §6.8 describes it: a GOAWAY saying every stream
-/// may still come, a PING, and once the client has acknowledged it (so
-/// that every stream it opened before it saw the first GOAWAY has arrived)
-/// a GOAWAY naming the last stream that will be answered. A stream above
-/// it was never passed on, so the client may send it again elsewhere.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-enum Drain {
-    #[default]
-    Serving,
-    /// The first GOAWAY and the PING went; the ACK is awaited.
-    Pinged,
-    /// The final GOAWAY went, naming `last`: the connection ends with its
-    /// last call.
-    Final { last: u32 },
-}
-
-/// The client broke the protocol: why, for the GOAWAY that ends the
-/// connection once the answers the relay holds have gone.
-#[derive(Debug)]
-struct Failure {
-    code: u32,
-    message: String,
-    /// The GOAWAY is queued.
-    told: bool,
-    /// The client's frames can still be read (for the credit that lets
-    /// held answers go).
-    reads: bool,
-}
-
-/// The GOAWAYs of the connection (RFC 9113 §6.8).
-#[derive(Debug, Default)]
-struct Goaways {
-    /// The highest stream the client opened.
-    last_client_stream: u32,
-    /// The last stream the runtime said it would process.
-    upstream: Option<u32>,
-    /// The lowest last-stream ID the client was sent.
-    sent: Option<u32>,
-}
-
-impl Goaways {
-    /// The last-stream ID a GOAWAY meaning `last` may carry: never more
-    /// than one sent before, or the client's HTTP/2 stack rejects it.
-    fn next(&mut self, last: u32) -> u32 {
-        let last = self.sent.map_or(last, |sent| sent.min(last));
-        self.sent = Some(last);
-        last
-    }
-}
-
 /// One relayed connection, apart from its sockets.
 struct State {
     endpoint: Endpoint,
@@ -401,9 +352,7 @@ struct State {
     client_max_frame: usize,
     /// The largest frame the runtime accepts (what the client may send).
     upstream_max_frame: usize,
-    goaways: Goaways,
-    drain: Drain,
-    failure: Option<Failure>,
+    closing: Closing,
     /// The runtime's connection credit for edited bytes.
     runtime_credit: RuntimeCredit,
 }
@@ -426,9 +375,7 @@ impl State {
             flow: ClientFlow::default(),
             client_max_frame: frame::DEFAULT_MAX_FRAME,
             upstream_max_frame: frame::DEFAULT_MAX_FRAME,
-            goaways: Goaways::default(),
-            drain: Drain::Serving,
-            failure: None,
+            closing: Closing::default(),
             runtime_credit: RuntimeCredit::default(),
         }
     }
@@ -436,14 +383,14 @@ impl State {
     /// Nothing more to do: the client has everything it will get, and the
     /// runtime is gone (or, draining, every call has finished).
     fn finished(&self) -> bool {
-        if let Some(failure) = &self.failure {
+        if self.closing.failed() {
             // Once the GOAWAY is queued, or if a torn header block keeps
             // everything else back, only what is ready can still go.
             let stuck = self.to_client.block_open();
-            return (failure.told || stuck) && self.to_client.data().is_empty();
+            return (self.closing.told() || stuck) && self.to_client.data().is_empty();
         }
         let settled = self.ends.upstream_eof
-            || (matches!(self.drain, Drain::Final { .. }) && self.streams.is_empty())
+            || (self.closing.is_final() && self.streams.is_empty())
             || (self.ends.client_eof && self.to_upstream.is_empty() && self.streams.is_empty());
         settled && self.to_client.is_empty() && !self.streams.any_waiting()
     }
@@ -459,17 +406,10 @@ impl State {
         if self.ends.client_eof || self.to_upstream.len() >= HIGH_WATER {
             return false;
         }
-        match &self.failure {
-            None => !self.ends.failed,
-            Some(failure) => failure.reads && !failure.told,
+        match self.closing.failed() {
+            false => !self.ends.failed,
+            true => self.closing.reads_after_failure(),
         }
-    }
-
-    /// Tells the client no stream after `last` was or will be processed.
-    fn goaway(&mut self, last: u32, code: u32, debug: &[u8]) {
-        let last = self.goaways.next(last);
-        self.to_client
-            .own(|out| frame::goaway(last, code, debug, out));
     }
 
     /// The client broke the protocol: the runtime connection ends, and the
@@ -489,13 +429,7 @@ impl State {
                 self.streams.remove(id);
             }
         }
-        self.failure = Some(Failure {
-            code: error.code(),
-            message: error.to_string(),
-            told: false,
-            reads: error.framing_intact(),
-        });
-        match self.failure.as_ref().is_some_and(|f| f.reads) {
+        match self.closing.fail(error) {
             // What the client sent after the bad frame may be credit.
             true => self.credit_after_failure(),
             false => self.settle_failure(),
@@ -504,39 +438,19 @@ impl State {
 
     /// After a failure, the GOAWAY goes once nothing is held any more.
     fn settle_failure(&mut self) {
-        let last = self.goaways.last_client_stream;
         let held = self.streams.any_waiting();
-        let Some(failure) = self.failure.as_mut().filter(|f| !f.told && !held) else {
-            return;
-        };
-        failure.told = true;
-        let (code, message) = (failure.code, std::mem::take(&mut failure.message));
-        self.goaway(last, code, message.as_bytes());
+        self.closing.settle(&mut self.to_client, held);
     }
 
-    /// Shutdown: tell the client to open no more streams here (RFC 9113
-    /// §6.8: the largest stream ID first) and ask for a PING's ACK.
+    /// Shutdown begins: the drain's GOAWAY and PING (`closing`).
     fn drain(&mut self) {
-        if self.drain != Drain::Serving {
-            return;
-        }
-        self.drain = Drain::Pinged;
-        self.goaway(frame::MAX_STREAM, frame::NO_ERROR, b"");
-        self.to_client
-            .own(|out| frame::put(out, frame::PING, 0, 0, &DRAIN_PING));
+        self.closing.drain(&mut self.to_client);
     }
 
-    /// The client acknowledged the drain's PING (or did not in time): every
-    /// stream it opened in time has arrived, and the final GOAWAY names the
-    /// last of them; the connection ends with its last call.
+    /// The drain's PING was acknowledged, or not in time: the final GOAWAY.
     fn drain_acked(&mut self) {
-        if self.drain != Drain::Pinged {
-            return;
-        }
-        let opening = self.requests.open_stream().unwrap_or(0);
-        let last = self.goaways.last_client_stream.max(opening);
-        self.drain = Drain::Final { last };
-        self.goaway(last, frame::NO_ERROR, b"");
+        let opening = self.requests.open_stream();
+        self.closing.drain_acked(&mut self.to_client, opening);
     }
 }
 

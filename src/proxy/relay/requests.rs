@@ -1,8 +1,9 @@
 //! Frames from the client, on their way to the runtime.
 
+use super::closing::DRAIN_PING;
 use super::codec::Block;
 use super::streams::{Edit, Stream};
-use super::{DRAIN_PING, Drain, RelayError, State, each_frame, take_preface};
+use super::{RelayError, State, each_frame, take_preface};
 use crate::cri::Method;
 use crate::proxy::body::Call;
 use crate::proxy::editor_for;
@@ -36,11 +37,7 @@ impl State {
         self.requests.check(head)?;
         match head.kind {
             frame::HEADERS => {
-                if let Drain::Final { last } = self.drain
-                    && head.stream > last.max(self.goaways.last_client_stream)
-                {
-                    return Err(RelayError::AfterGoaway(head.stream));
-                }
+                self.closing.admits(head.stream)?;
                 if let Some(block) = self.requests.frame(head, payload, false)? {
                     self.request(block);
                 }
@@ -93,9 +90,7 @@ impl State {
                 Err(_) => false,
             };
             if !read {
-                if let Some(failure) = self.failure.as_mut() {
-                    failure.reads = false;
-                }
+                self.closing.unreadable();
                 break;
             }
         }
@@ -104,11 +99,10 @@ impl State {
     }
 
     fn request(&mut self, block: Block) {
-        if block.stream <= self.goaways.last_client_stream {
+        if !self.closing.opens(block.stream) {
             // Trailers from the client, or a stream the runtime will refuse.
             return;
         }
-        self.goaways.last_client_stream = block.stream;
         let path = block.fields.path.unwrap_or_default();
         let method = std::str::from_utf8(&path).ok().and_then(Method::parse);
         let edit = editor_for(method, self.recreated.as_ref()).map(|(editor, recreated)| Edit {

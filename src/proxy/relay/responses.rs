@@ -86,8 +86,7 @@ impl State {
             .into());
         };
         let last = u32::from_be_bytes([*a, *b, *c, *d]) & frame::MAX_STREAM;
-        self.goaways.upstream = Some(last);
-        match self.goaways.next(last) {
+        match self.closing.upstream_goaway(last) {
             sent if sent == last => self.to_client.relay(head, frame),
             sent => {
                 let code = u32::from_be_bytes([*e, *f, *g, *h]);
@@ -378,7 +377,7 @@ impl State {
         // A runtime that closed before its SETTINGS.
         self.to_client.preface();
         let message = unavailable_message(&self.endpoint, &"the connection closed");
-        let processed = self.goaways.upstream.unwrap_or(frame::MAX_STREAM);
+        let processed = self.closing.processed_upstream();
         for id in self.streams.ids() {
             let Some(stream) = self.streams.get_mut(id) else {
                 continue;
@@ -402,8 +401,9 @@ impl State {
                 self.streams.remove(id);
             }
         }
-        let last = self.goaways.last_client_stream;
-        self.goaway(last, frame::NO_ERROR, b"");
+        let last = self.closing.last_client_stream();
+        self.closing
+            .goaway(&mut self.to_client, last, frame::NO_ERROR, b"");
     }
 }
 

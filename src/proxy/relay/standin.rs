@@ -15,12 +15,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::BytesMut;
 use tokio::net::UnixStream;
 use tokio::sync::watch;
 use tracing::debug;
 
+use super::closing::Closing;
 use super::codec::{Block, Blocks};
+use super::outbound::Outbound;
 use super::{RelayError, each_frame, take_preface};
 use crate::cri::Method;
 use crate::metrics::Metrics;
@@ -100,14 +101,14 @@ struct Standin {
     endpoint: Endpoint,
     metrics: Arc<Metrics>,
     from_client: Inbox,
-    to_client: BytesMut,
+    to_client: Outbound,
     preface_seen: bool,
     client_eof: bool,
     requests: Blocks,
     /// Calls received and not yet answered.
     calls: Vec<Block>,
-    /// The highest stream the client opened.
-    last_stream: u32,
+    /// The streams the client opened, and the GOAWAY it is sent.
+    closing: Closing,
     /// The highest stream answered (GOAWAY's last processed one).
     answered: u32,
     /// The client was sent GOAWAY: once it has it, the connection ends.
@@ -116,9 +117,9 @@ struct Standin {
 
 impl Standin {
     fn new(endpoint: Endpoint, metrics: Arc<Metrics>) -> Self {
-        let mut to_client = BytesMut::new();
+        let mut to_client = Outbound::to_client();
         // The server's preface: SETTINGS, all defaults.
-        frame::settings(0, &[], &mut to_client);
+        to_client.preface();
         Self {
             endpoint,
             metrics,
@@ -128,7 +129,7 @@ impl Standin {
             client_eof: false,
             requests: Blocks::new(hpack::Decoder::new()),
             calls: Vec::new(),
-            last_stream: 0,
+            closing: Closing::default(),
             answered: 0,
             going: false,
         }
@@ -138,9 +139,9 @@ impl Standin {
         loop {
             let mut progress = false;
             if !self.to_client.is_empty() {
-                match socket.poll_write(cx, &self.to_client) {
+                match socket.poll_write(cx, self.to_client.data()) {
                     Poll::Ready(Ok(n)) => {
-                        let _ = self.to_client.split_to(n);
+                        self.to_client.advance(n);
                         if self.to_client.is_empty() && socket.drained().is_err() {
                             return Poll::Ready(Step::Finished);
                         }
@@ -167,7 +168,8 @@ impl Standin {
                             debug!(error = %Chain(&error), "client connection failed");
                             let debug = error.to_string();
                             let (last, code) = (self.answered, error.code());
-                            frame::goaway(last, code, debug.as_bytes(), &mut self.to_client);
+                            self.closing
+                                .goaway(&mut self.to_client, last, code, debug.as_bytes());
                             self.going = true;
                         }
                         progress = true;
@@ -211,18 +213,18 @@ impl Standin {
         let ack = head.flags & frame::ACK != 0;
         match head.kind {
             frame::HEADERS | frame::CONTINUATION => {
-                if let Some(block) = self.requests.frame(head, payload, false)? {
-                    if block.stream > self.last_stream {
-                        self.last_stream = block.stream;
-                        self.calls.push(block);
-                    }
+                if let Some(block) = self.requests.frame(head, payload, false)?
+                    && self.closing.opens(block.stream)
+                {
+                    self.calls.push(block);
                 }
             }
             frame::SETTINGS if !ack => {
                 // Checked for form only: the stand-in sends no DATA, and
                 // its header blocks use no table, so no value matters.
                 let _ = head.settings(payload)?;
-                frame::settings(frame::ACK, &[], &mut self.to_client);
+                self.to_client
+                    .own(|out| frame::settings(frame::ACK, &[], out));
             }
             frame::PING if !ack => {
                 if payload.len() != 8 {
@@ -232,13 +234,14 @@ impl Standin {
                     }
                     .into());
                 }
-                frame::put(&mut self.to_client, frame::PING, frame::ACK, 0, payload);
+                self.to_client
+                    .own(|out| frame::put(out, frame::PING, frame::ACK, 0, payload));
             }
             frame::DATA => {
                 // Nothing reads it: the client gets its connection window
                 // back at once (its stream is answered, or soon will be).
                 if let Ok(len @ 1..) = u32::try_from(head.len) {
-                    frame::window_update(0, len, &mut self.to_client);
+                    self.to_client.own(|out| frame::window_update(0, len, out));
                 }
             }
             _ => {}
@@ -255,7 +258,9 @@ impl Standin {
             // new connection, not on this one.
             self.go(b"the runtime is back");
             for call in &calls {
-                frame::rst_stream(call.stream, frame::REFUSED_STREAM, &mut self.to_client);
+                let refuse =
+                    |out: &mut _| frame::rst_stream(call.stream, frame::REFUSED_STREAM, out);
+                self.to_client.own(refuse);
             }
             return;
         }
@@ -266,10 +271,11 @@ impl Standin {
             Call::start(&self.metrics, method).finish(UNAVAILABLE);
             self.answered = call.stream;
             let answer = frame::grpc_status_frame(call.stream, false, UNAVAILABLE, &message);
-            self.to_client.extend_from_slice(&answer);
+            self.to_client.own(|out| out.extend_from_slice(&answer));
             if !call.end_stream {
                 // The rest of the request is not wanted (RFC 9113 §8.1).
-                frame::rst_stream(call.stream, frame::NO_ERROR, &mut self.to_client);
+                let done = |out: &mut _| frame::rst_stream(call.stream, frame::NO_ERROR, out);
+                self.to_client.own(done);
             }
         }
     }
@@ -279,7 +285,9 @@ impl Standin {
     fn go(&mut self, why: &[u8]) {
         if !self.going {
             self.going = true;
-            frame::goaway(self.answered, frame::NO_ERROR, why, &mut self.to_client);
+            let last = self.answered;
+            self.closing
+                .goaway(&mut self.to_client, last, frame::NO_ERROR, why);
         }
     }
 }
