@@ -25,11 +25,12 @@
 //! and never split a header block (`outbound`).
 //!
 //! Parts: `codec` reassembles and decodes header blocks; `flow` is the
-//! windows arithmetic; `streams` owns each stream's held frames;
-//! `outbound` each direction's queue; `closing` the GOAWAYs, shutdown's
-//! drain and the client's failure; `requests` and `responses` handle the
-//! two directions' frames; `standin` answers while the runtime is
-//! unreachable; this file owns the sockets.
+//! windows arithmetic; `streams` owns each stream's held frames, and
+//! `answers` what they send as the client's windows allow and the credit
+//! the runtime gets for it; `outbound` is each direction's queue; `closing`
+//! the GOAWAYs, shutdown's drain and the client's failure; `requests` and
+//! `responses` route the two directions' frames to those owners; `standin`
+//! answers while the runtime is unreachable; this file owns the sockets.
 
 use std::future::poll_fn;
 use std::io;
@@ -48,12 +49,12 @@ use super::socket::{Inbox, Socket};
 use crate::metrics::Metrics;
 use crate::reason::Recreated;
 use crate::telemetry::Chain;
+use answers::Answers;
 use closing::Closing;
 use codec::{Blocks, CodecError};
-use flow::{ClientFlow, RuntimeCredit};
 use outbound::Outbound;
-use streams::Streams;
 
+mod answers;
 mod closing;
 mod codec;
 mod flow;
@@ -346,15 +347,11 @@ struct State {
     ends: Ends,
     requests: Blocks,
     responses: Blocks,
-    streams: Streams,
-    flow: ClientFlow,
-    /// The largest frame the client accepts.
-    client_max_frame: usize,
+    /// The streams, what they hold for the client, and its windows.
+    answers: Answers,
     /// The largest frame the runtime accepts (what the client may send).
     upstream_max_frame: usize,
     closing: Closing,
-    /// The runtime's connection credit for edited bytes.
-    runtime_credit: RuntimeCredit,
 }
 
 impl State {
@@ -371,12 +368,9 @@ impl State {
             requests: Blocks::new(hpack::Decoder::new()),
             // Every field is kept: a block may have to be re-encoded.
             responses: Blocks::new(hpack::Decoder::new().keeping(hpack::MAX_LIST)),
-            streams: Streams::default(),
-            flow: ClientFlow::default(),
-            client_max_frame: frame::DEFAULT_MAX_FRAME,
+            answers: Answers::default(),
             upstream_max_frame: frame::DEFAULT_MAX_FRAME,
             closing: Closing::default(),
-            runtime_credit: RuntimeCredit::default(),
         }
     }
 
@@ -390,9 +384,11 @@ impl State {
             return (self.closing.told() || stuck) && self.to_client.data().is_empty();
         }
         let settled = self.ends.upstream_eof
-            || (self.closing.is_final() && self.streams.is_empty())
-            || (self.ends.client_eof && self.to_upstream.is_empty() && self.streams.is_empty());
-        settled && self.to_client.is_empty() && !self.streams.any_waiting()
+            || (self.closing.is_final() && self.answers.streams.is_empty())
+            || (self.ends.client_eof
+                && self.to_upstream.is_empty()
+                && self.answers.streams.is_empty());
+        settled && self.to_client.is_empty() && !self.answers.streams.any_waiting()
     }
 
     /// Only what is queued for the client is left to do.
@@ -423,10 +419,10 @@ impl State {
         // nothing back, unless some of it has gone already.
         self.to_client.abandon_block();
         self.to_client.preface();
-        for id in self.streams.ids() {
-            if self.streams.get_mut(id).is_some_and(|s| !s.ended) {
+        for id in self.answers.streams.ids() {
+            if self.answers.streams.get_mut(id).is_some_and(|s| !s.ended) {
                 // Its answer will never be complete.
-                self.streams.remove(id);
+                self.answers.streams.remove(id);
             }
         }
         match self.closing.fail(error) {
@@ -438,7 +434,7 @@ impl State {
 
     /// After a failure, the GOAWAY goes once nothing is held any more.
     fn settle_failure(&mut self) {
-        let held = self.streams.any_waiting();
+        let held = self.answers.streams.any_waiting();
         self.closing.settle(&mut self.to_client, held);
     }
 
@@ -451,6 +447,17 @@ impl State {
     fn drain_acked(&mut self) {
         let opening = self.requests.open_stream();
         self.closing.drain_acked(&mut self.to_client, opening);
+    }
+
+    /// Sends what the client's windows now have room for.
+    fn flush(&mut self) {
+        let (to_client, to_upstream) = (&mut self.to_client, &mut self.to_upstream);
+        self.answers.flush(to_client, to_upstream);
+    }
+
+    /// Stream `id` was reset: what it held is dropped (`answers`).
+    fn drop_stream(&mut self, id: u32) {
+        self.answers.drop_stream(id, &mut self.to_upstream);
     }
 }
 

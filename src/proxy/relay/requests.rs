@@ -2,7 +2,6 @@
 
 use super::closing::DRAIN_PING;
 use super::codec::Block;
-use super::streams::{Edit, Stream};
 use super::{RelayError, State, each_frame, take_preface};
 use crate::cri::Method;
 use crate::proxy::body::Call;
@@ -105,14 +104,9 @@ impl State {
         }
         let path = block.fields.path.unwrap_or_default();
         let method = std::str::from_utf8(&path).ok().and_then(Method::parse);
-        let edit = editor_for(method, self.recreated.as_ref()).map(|(editor, recreated)| Edit {
-            editor,
-            recreated,
-            window: self.flow.open(),
-            uncredited: 0,
-        });
+        let edit = editor_for(method, self.recreated.as_ref());
         let call = Call::start(&self.metrics, method);
-        self.streams.insert(block.stream, Stream::new(call, edit));
+        self.answers.open(block.stream, call, edit);
     }
 
     /// Applies the client's settings, and passes them on as they came.
@@ -121,19 +115,8 @@ impl State {
             match id {
                 // The runtime's encoder may use this much table from now on.
                 frame::SETTINGS_HEADER_TABLE_SIZE => self.responses.allow_table(value),
-                frame::SETTINGS_INITIAL_WINDOW_SIZE => {
-                    let delta = self.flow.initial_window(value);
-                    for edit in self.streams.edits_mut() {
-                        edit.window.grow(delta);
-                    }
-                }
-                frame::SETTINGS_MAX_FRAME_SIZE => {
-                    // RFC 9113 §6.5.2's range: a zero here would leave
-                    // edited answers waiting for room that never comes.
-                    let value = usize::try_from(value).unwrap_or(frame::DEFAULT_MAX_FRAME);
-                    self.client_max_frame =
-                        value.clamp(frame::DEFAULT_MAX_FRAME, frame::MAX_FRAME_LIMIT);
-                }
+                frame::SETTINGS_INITIAL_WINDOW_SIZE => self.answers.set_initial_window(value),
+                frame::SETTINGS_MAX_FRAME_SIZE => self.answers.set_client_max_frame(value),
                 _ => {}
             }
         }
@@ -150,23 +133,16 @@ impl State {
     ) -> Result<(), RelayError> {
         let increment = head.increment(payload)?;
         if head.stream == 0 {
-            match self.flow.credit(increment) {
+            match self.answers.connection_credit(increment) {
                 forward if forward == increment => self.to_upstream.relay(head, frame),
                 0 => {}
                 forward => self
                     .to_upstream
                     .own(|out| frame::window_update(0, forward, out)),
             }
-        } else {
-            match self
-                .streams
-                .get_mut(head.stream)
-                .and_then(|s| s.edit.as_mut())
-            {
-                // The relay credits the runtime for this stream itself.
-                Some(edit) => edit.window.grow(i64::from(increment)),
-                None => self.to_upstream.relay(head, frame),
-            }
+        } else if !self.answers.stream_credit(head.stream, increment) {
+            // The relay runs the flow control of edited streams only.
+            self.to_upstream.relay(head, frame);
         }
         self.flush();
         Ok(())

@@ -1,19 +1,9 @@
-//! Frames from the runtime, on their way to the client, and the held
-//! answers of edited streams.
-//!
-//! Credit for an edited answer: the runtime gets stream credit for what it
-//! sent once the client has taken it (so it never runs more than a window
-//! ahead of the client on that stream), and connection credit at once,
-//! since the bytes are out of the connection window's way in the relay;
-//! only while the relay holds more than `flow::HELD_LIMIT` in all does
-//! connection credit wait too (`flow::RuntimeCredit`), which bounds what a client that never reads can make
-//! the relay hold.
+//! Frames from the runtime, on their way to the client (what a stream
+//! holds meanwhile, and the credit for it, is `answers`'s).
 
 use bytes::{Bytes, BytesMut};
 
-use super::flow::{ClientFlow, Window};
-use super::outbound::Outbound;
-use super::streams::{Data, Piece};
+use super::streams::Data;
 use super::{MAX_HELD_BLOCK, RelayError, State, each_frame};
 use crate::proxy::body::{UNAVAILABLE, UNKNOWN, unavailable_message};
 use crate::proxy::frame::{self, HEAD_LEN, Head};
@@ -30,7 +20,7 @@ impl State {
     fn upstream_frames_in(&mut self, inbox: &mut Inbox) -> Result<(), RelayError> {
         // The client's limit; a runtime frame above it would be an error
         // at the client anyway, and this bounds what the relay buffers.
-        let limit = self.client_max_frame.max(frame::DEFAULT_MAX_FRAME);
+        let limit = self.answers.client_max_frame();
         each_frame(inbox, limit, |head, frame| self.upstream_frame(head, frame))
     }
 
@@ -52,12 +42,12 @@ impl State {
                 }
             }
             frame::RST_STREAM => {
-                match self.streams.get_mut(head.stream) {
+                match self.answers.streams.get_mut(head.stream) {
                     // A complete answer still held: the reset (grpc-go's
                     // NO_ERROR after the trailers) must not overtake it.
                     Some(stream) if stream.ended && stream.holds() => {
                         let frame = Bytes::copy_from_slice(frame);
-                        self.streams.hold_frames(head.stream, frame);
+                        self.answers.streams.hold_frames(head.stream, frame);
                     }
                     _ => {
                         self.to_client.relay(head, frame);
@@ -107,6 +97,7 @@ impl State {
                 if head.flags & frame::END_STREAM != 0 {
                     // What the editor still holds goes before the trailers.
                     let rest = self
+                        .answers
                         .streams
                         .get_mut(id)
                         .and_then(|s| s.edit.as_mut())
@@ -115,9 +106,9 @@ impl State {
                         self.send(id, rest, false, 0);
                     }
                 }
-                let held = self.streams.get_mut(id).is_some_and(|s| s.holds());
+                let held = self.answers.streams.get_mut(id).is_some_and(|s| s.holds());
                 if held {
-                    self.streams.begin_block(id);
+                    self.answers.streams.begin_block(id);
                 }
                 held
             }
@@ -143,20 +134,20 @@ impl State {
                 block.stream,
                 block.end_stream,
                 fields,
-                self.client_max_frame,
+                self.answers.client_max_frame(),
             );
-            match self.streams.get_mut(block.stream) {
+            match self.answers.streams.get_mut(block.stream) {
                 Some(stream) if stream.collecting() => stream.end_block(frames.freeze()),
                 _ => self.to_client.own(|out| out.extend_from_slice(&frames)),
             }
         }
-        if let Some(stream) = self.streams.get_mut(block.stream) {
+        if let Some(stream) = self.answers.streams.get_mut(block.stream) {
             // Only now: a block cut short never reaches the client.
             stream.responded = true;
         }
         if block.end_stream {
             let code = block.fields.grpc_status.unwrap_or(UNKNOWN);
-            self.end_call(block.stream, code);
+            self.answers.end_call(block.stream, code);
         }
         self.flush_stream(block.stream);
         Ok(())
@@ -165,13 +156,11 @@ impl State {
     fn upstream_data(&mut self, head: Head, frame: &[u8]) -> Result<(), RelayError> {
         let id = head.stream;
         let end_stream = head.flags & frame::END_STREAM != 0;
-        let Some(stream) = self.streams.get_mut(id) else {
+        let Some(stream) = self.answers.streams.get_mut(id) else {
             // A stream the client reset (or never opened): the client
             // discards its DATA, but counts it against the connection.
-            if self.flow.room(None) >= head.len {
-                self.flow.spend(head.len, None);
-                self.to_client.relay(head, frame);
-            } else if let Ok(len @ 1..) = u32::try_from(head.len) {
+            let passed = self.answers.pass(head, frame, &mut self.to_client);
+            if !passed && let Ok(len @ 1..) = u32::try_from(head.len) {
                 // No room: dropped here, and the runtime gets its credit.
                 self.to_upstream
                     .own(|out| frame::window_update(0, len, out));
@@ -181,11 +170,9 @@ impl State {
         let range = head.data(&frame[HEAD_LEN..])?;
         match stream.edit.as_mut() {
             None => {
-                if !stream.holds() && self.flow.room(None) >= head.len {
-                    // The common case: the frame goes on as it came.
-                    self.flow.spend(head.len, None);
-                    self.to_client.relay(head, frame);
-                } else {
+                // The common case: the frame goes on as it came.
+                let passed = !stream.holds() && self.answers.pass(head, frame, &mut self.to_client);
+                if !passed {
                     let padding = head.len - range.len();
                     let data = Bytes::copy_from_slice(&frame[HEAD_LEN..][range]);
                     self.send(id, data, end_stream, padding);
@@ -203,158 +190,32 @@ impl State {
                     out = joined.freeze();
                 }
                 self.send(id, out, end_stream, 0);
-                self.credit_edited(id, head.len, end_stream);
+                self.answers
+                    .credit_edited(id, head.len, end_stream, &mut self.to_upstream);
             }
         }
         if end_stream {
             // A response without trailers is no complete gRPC answer.
-            self.end_call(id, UNKNOWN);
+            self.answers.end_call(id, UNKNOWN);
         }
         Ok(())
     }
 
-    /// Returns the credit for `received` bytes of an edited stream (see the
-    /// module docs).
-    fn credit_edited(&mut self, id: u32, received: usize, end_stream: bool) {
-        let Ok(received @ 1..) = u32::try_from(received) else {
-            return;
-        };
-        let held = self.streams.held_bytes();
-        if let Some(now) = self.runtime_credit.received(received, held) {
-            self.to_upstream
-                .own(|out| frame::window_update(0, now, out));
-        }
-        let Some(stream) = self.streams.get_mut(id) else {
-            return;
-        };
-        let holds = stream.holds();
-        let Some(edit) = stream.edit.as_mut().filter(|_| !end_stream) else {
-            return;
-        };
-        if holds {
-            edit.uncredited = edit.uncredited.saturating_add(received);
-        } else {
-            self.to_upstream
-                .own(|out| frame::window_update(id, received, out));
-        }
-    }
-
-    /// Queues DATA for the client on stream `id`, and sends what the
-    /// client's windows have room for.
+    /// Queues DATA for the client on stream `id` (`padding`: what the
+    /// runtime counted besides), and sends what the windows let go.
     fn send(&mut self, id: u32, data: Bytes, end_stream: bool, padding: usize) {
         let data = Data {
             data,
             end_stream,
             padding,
         };
-        self.streams.hold(id, data);
-        self.flush_stream(id);
+        let (to_client, to_upstream) = (&mut self.to_client, &mut self.to_upstream);
+        self.answers.send(id, data, to_client, to_upstream);
     }
 
-    fn end_call(&mut self, id: u32, code: u32) {
-        if let Some(stream) = self.streams.get_mut(id) {
-            stream.call.finish(code);
-            stream.ended = true;
-            if !stream.holds() {
-                self.streams.remove(id);
-            }
-        }
-    }
-
-    /// Stream `id` was reset: what it held is dropped, and the runtime gets
-    /// back the connection credit for unedited bytes the client will never
-    /// see (the relay credited edited ones itself).
-    pub(super) fn drop_stream(&mut self, id: u32) {
-        let Some(stream) = self.streams.remove(id) else {
-            return;
-        };
-        if let Ok(dropped @ 1..) = u32::try_from(stream.held_unedited()) {
-            self.to_upstream
-                .own(|out| frame::window_update(0, dropped, out));
-        }
-        self.release_credit();
-    }
-
-    /// Sends what the client's windows now have room for, stream by stream.
-    pub(super) fn flush(&mut self) {
-        if !self.streams.any_waiting() {
-            return;
-        }
-        for id in self.streams.waiting() {
-            self.flush_stream(id);
-        }
-        self.release_credit();
-    }
-
-    /// Sends what stream `id` holds, as far as the windows allow; once it
-    /// holds nothing, it stops waiting (and, ended, is forgotten).
     fn flush_stream(&mut self, id: u32) {
-        let Self {
-            streams,
-            flow,
-            to_client,
-            to_upstream,
-            client_max_frame,
-            ..
-        } = self;
-        let Some(stream) = streams.get_mut(id) else {
-            return;
-        };
-        let edited = stream.edit.is_some();
-        loop {
-            let (piece, window) = stream.front_and_window();
-            let Some(piece) = piece else { break };
-            match piece {
-                Piece::Frames(frames) => {
-                    let frames = frames.clone();
-                    to_client.own(|out| out.extend_from_slice(&frames));
-                }
-                Piece::Data(data) => {
-                    let (sent, done) =
-                        send_some(flow, to_client, *client_max_frame, id, data, window);
-                    let padding = data.padding;
-                    let end_stream = data.end_stream;
-                    stream.sent(sent);
-                    if !done {
-                        break;
-                    }
-                    if let Ok(padding @ 1..) = u32::try_from(padding) {
-                        // Padding the runtime counted and the client never
-                        // sees: the relay gives that credit back itself.
-                        to_upstream.own(|out| {
-                            frame::window_update(0, padding, out);
-                            if !end_stream && !edited {
-                                frame::window_update(id, padding, out);
-                            }
-                        });
-                    }
-                }
-            }
-            stream.pop();
-        }
-        if stream.holds() {
-            return;
-        }
-        if let Some(edit) = stream.edit.as_mut().filter(|e| e.uncredited > 0) {
-            let credit = std::mem::take(&mut edit.uncredited);
-            if !stream.ended {
-                to_upstream.own(|out| frame::window_update(id, credit, out));
-            }
-        }
-        let ended = stream.ended;
-        streams.settle(id);
-        if ended {
-            streams.remove(id);
-        }
-    }
-
-    /// Connection credit kept back while the relay held too much goes once
-    /// it holds less.
-    fn release_credit(&mut self) {
-        if let Some(credit) = self.runtime_credit.release(self.streams.held_bytes()) {
-            self.to_upstream
-                .own(|out| frame::window_update(0, credit, out));
-        }
+        let (to_client, to_upstream) = (&mut self.to_client, &mut self.to_upstream);
+        self.answers.flush_stream(id, to_client, to_upstream);
     }
 
     /// The runtime connection closed: every call still open ends with
@@ -371,15 +232,15 @@ impl State {
             // never will: nothing can follow it cleanly, so the client
             // loses the connection (everything before it has gone).
             self.to_client.clear();
-            self.streams = Default::default();
+            self.answers.streams = Default::default();
             return;
         }
         // A runtime that closed before its SETTINGS.
         self.to_client.preface();
         let message = unavailable_message(&self.endpoint, &"the connection closed");
         let processed = self.closing.processed_upstream();
-        for id in self.streams.ids() {
-            let Some(stream) = self.streams.get_mut(id) else {
+        for id in self.answers.streams.ids() {
+            let Some(stream) = self.answers.streams.get_mut(id) else {
                 continue;
             };
             if stream.ended {
@@ -387,7 +248,7 @@ impl State {
             }
             if id > processed {
                 // Never processed: the client may retry it elsewhere.
-                self.streams.remove(id);
+                self.answers.streams.remove(id);
                 continue;
             }
             let answer = frame::grpc_status_frame(id, stream.responded, UNAVAILABLE, &message);
@@ -395,48 +256,14 @@ impl State {
             stream.abandon_block();
             if stream.holds() {
                 stream.ended = true;
-                self.streams.hold_frames(id, answer.freeze());
+                self.answers.streams.hold_frames(id, answer.freeze());
             } else {
                 self.to_client.own(|out| out.extend_from_slice(&answer));
-                self.streams.remove(id);
+                self.answers.streams.remove(id);
             }
         }
         let last = self.closing.last_client_stream();
         self.closing
             .goaway(&mut self.to_client, last, frame::NO_ERROR, b"");
-    }
-}
-
-/// Sends what fits of `data` on stream `id` as DATA frames; gives back the
-/// bytes sent, and whether that was all.
-fn send_some(
-    flow: &mut ClientFlow,
-    out: &mut Outbound,
-    max_frame: usize,
-    id: u32,
-    data: &mut Data,
-    mut window: Option<&mut Window>,
-) -> (usize, bool) {
-    let mut sent = 0;
-    loop {
-        let room = flow.room(window.as_deref().copied());
-        let n = room.min(data.data.len()).min(max_frame);
-        if n == 0 && !data.data.is_empty() {
-            return (sent, false);
-        }
-        let piece = data.data.split_to(n);
-        let last = data.data.is_empty();
-        let flags = match last && data.end_stream {
-            true => frame::END_STREAM,
-            false => 0,
-        };
-        if n > 0 || flags != 0 {
-            out.own(|out| frame::put(out, frame::DATA, flags, id, &piece));
-            flow.spend(n, window.as_deref_mut());
-            sent += n;
-        }
-        if last {
-            return (sent, true);
-        }
     }
 }
