@@ -13,12 +13,14 @@ source scripts/lib/containerd2.sh
 source scripts/lib/peers.sh
 source scripts/lib/kustomize.sh
 source scripts/lib/nspawn.sh
+source scripts/lib/kube.sh
 ensure_root
 ensure_packages
 ensure_containerd2
 ensure_kustomize
 ensure_nspawn_root
 ensure_peers
+ensure_kubernetes
 
 cargo fmt --check
 cargo clippy --all-targets --locked -- -D warnings
@@ -30,9 +32,12 @@ echo "== the suite, containerd $(containerd --version | awk '{ print $3 }')"
 cargo test --locked --lib --bins --tests 2>&1 | tee "$log" || status=$?
 # The test binaries that start a containerd, again on 2.x.
 containerd_tests=()
-# (A test of several files is a folder with main.rs, as tests/agent/.)
+# (A test of several files is a folder with main.rs, as tests/agent/; a
+# real node, support::node, starts a containerd of its own.)
 for file in tests/*.rs tests/*/main.rs; do
-  if grep -q 'Containerd::start' "$file"; then
+  sources=("$file")
+  [[ $file == */main.rs ]] && sources=("${file%main.rs}"*.rs)
+  if grep -qE 'Containerd::start|Node::start' "${sources[@]}"; then
     name="${file#tests/}"
     name="${name%/main.rs}"
     containerd_tests+=(--test "${name%.rs}")

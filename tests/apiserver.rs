@@ -376,6 +376,17 @@ async fn crr_versions_convert_as_kruises_webhook_and_none_do() {
             .patch_status("c", &PatchParams::default(), &Patch::Merge(&states))
             .await
             .unwrap();
+        // crr-proxy's CRD defaults a state's isKilled, which a real API
+        // server applies on every read from storage, through either version
+        // (tests/real/rules.rs met it); kruise's CRD declares no default.
+        for api in [&alpha, &beta] {
+            let read = api.get("c").await.unwrap();
+            let state = &read.data["status"]["containerRecreateStates"][0];
+            match conversion {
+                Conversion::None => assert_eq!(state["isKilled"], false, "{state}"),
+                Conversion::Webhook => assert!(state.get("isKilled").is_none(), "{state}"),
+            }
+        }
         let stored = server.get(Resource::Crr, "default", "c").unwrap();
         assert_eq!(stored["apiVersion"], "apps.kruise.io/v1beta1");
         match conversion {

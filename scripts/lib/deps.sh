@@ -11,7 +11,9 @@ ensure_root() {
 # containerd + runc run the containers; busybox-static fills the test images
 # (no registry needed); python3 plays systemd in the socket-activation tests;
 # systemd provides systemd-analyze, which checks the units; openssl plays
-# the cluster's signer in the node-identity test.
+# the cluster's signer in the node-identity test and the real cluster's CA;
+# containernetworking-plugins gives the real kubelet's Pods their network
+# (bridge, host-local, loopback in /usr/lib/cni).
 ensure_packages() {
   local missing=()
   command -v containerd >/dev/null || missing+=(containerd)
@@ -20,6 +22,7 @@ ensure_packages() {
   command -v python3 >/dev/null || missing+=(python3)
   command -v systemd-analyze >/dev/null || missing+=(systemd)
   command -v openssl >/dev/null || missing+=(openssl)
+  [[ -x /usr/lib/cni/bridge ]] || missing+=(containernetworking-plugins)
   if ((${#missing[@]})); then
     echo "installing ${missing[*]}" >&2
     apt-get update -qq

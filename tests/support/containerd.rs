@@ -89,6 +89,12 @@ impl Containerd {
         Endpoint::from_path(self.socket())
     }
 
+    /// The folder containerd loads CNI network configurations from (it
+    /// watches it: a configuration written after the start is taken).
+    pub fn cni_conf_dir(&self) -> PathBuf {
+        self.dir.join("cni/net.d")
+    }
+
     /// A scratch directory inside this instance's temp dir.
     pub fn scratch(&self, name: &str) -> PathBuf {
         let path = self.dir.join("scratch").join(name);

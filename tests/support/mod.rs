@@ -3,13 +3,16 @@
 #![allow(dead_code)] // each test binary uses a different part
 
 pub mod apiserver;
+pub mod cluster;
 pub mod containerd;
 pub mod demo;
 pub mod images;
 pub mod interposer;
 pub mod kubelet;
+pub mod node;
 pub mod patch;
 pub mod peers;
+pub mod pki;
 pub mod pods;
 pub mod policy;
 pub mod raw;

@@ -63,6 +63,42 @@ impl CrrVersions {
         }
     }
 
+    /// The defaults of crr-proxy's own CRD (deploy/crd, the `Both(None)`
+    /// case), which a real API server applies to every CRR it decodes from
+    /// storage (v1beta1), whichever version the request then shows: a
+    /// present `strategy` gets `forceRecreate` and `orderedRecreate` false
+    /// and `minStartedSeconds` 0, every state `isKilled` false. (Seen on a
+    /// real kube-apiserver v1.37, tests/real/rules.rs.) kruise's CRDs
+    /// declare none that a CRR uses.
+    pub fn apply_defaults(self, obj: &mut Value) {
+        if self != CrrVersions::Both(Conversion::None) {
+            return;
+        }
+        let fill = |object: Option<&mut Value>, defaults: &[(&str, Value)]| {
+            if let Some(object) = object.and_then(Value::as_object_mut) {
+                for (key, value) in defaults {
+                    object.entry(*key).or_insert_with(|| value.clone());
+                }
+            }
+        };
+        fill(
+            obj.pointer_mut("/spec/strategy"),
+            &[
+                ("forceRecreate", json!(false)),
+                ("orderedRecreate", json!(false)),
+                ("minStartedSeconds", json!(0)),
+            ],
+        );
+        if let Some(states) = obj
+            .pointer_mut("/status/containerRecreateStates")
+            .and_then(Value::as_array_mut)
+        {
+            for state in states {
+                fill(Some(state), &[("isKilled", json!(false))]);
+            }
+        }
+    }
+
     /// The view of a request for `version`; `None` if it is not served.
     pub fn view(self, version: &str) -> Option<View> {
         if !self.served().contains(&version) {

@@ -307,9 +307,11 @@ impl FakeApiServer {
         }
         let ns = namespace.clone().unwrap_or_default();
         // A CRR shows the apiVersion asked for, whatever it is stored as.
+        let versions = self.crr_versions();
         let present = |obj: &Value| {
             let mut shown = view.present(obj);
             if resource == Resource::Crr {
+                versions.apply_defaults(&mut shown);
                 shown["apiVersion"] = json!(view_version);
             }
             shown

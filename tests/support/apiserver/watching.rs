@@ -23,12 +23,14 @@ impl FakeApiServer {
             .filter(|_| bookmarks)
             .unwrap_or(Duration::from_secs(3600));
         let shown_version = view_version.clone();
+        let versions = self.crr_versions();
         let line = move |kind: &str, obj: &Value| {
             let obj = if kind == "ERROR" {
                 obj.clone()
             } else {
                 let mut shown = view.present(obj);
                 if resource == Resource::Crr {
+                    versions.apply_defaults(&mut shown);
                     shown["apiVersion"] = json!(shown_version);
                 }
                 shown

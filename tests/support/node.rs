@@ -1,0 +1,362 @@
+//! A real Kubernetes node for tests: Kubernetes' own kubelet, whose
+//! `containerRuntimeEndpoint` and `imageServiceEndpoint` are a crr-proxy
+//! binary's socket, in front of a private containerd ([`Containerd`]) with
+//! a bridge network of its own (Debian's CNI plugins). Joins a
+//! [`Cluster`](super::cluster::Cluster) as the node `name`.
+//!
+//! kubelet runs as an operator would run it on a machine of this kind:
+//! cgroupfs, swap allowed, cgroup v1 accepted (`failCgroupV1: false`: these
+//! machines mount v1), its own root, Pod-log folder, ports and serving
+//! certificate; no QoS cgroups, so that two kubelets on one machine do not
+//! share `/kubepods`.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use super::cluster::{Cluster, Process, binary, free_port, tail, write_kubeconfig};
+use super::containerd::Containerd;
+
+/// crr-proxy's agent on a node: `off` (the relay only), `standalone` or
+/// `kruise`, with its own identity `crr-proxy:node:<node>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Agent {
+    Off,
+    Standalone,
+    Kruise,
+}
+
+impl Agent {
+    fn flag(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Standalone => "standalone",
+            Self::Kruise => "kruise",
+        }
+    }
+}
+
+/// Fields drop in order: kubelet and crr-proxy are stopped in `drop`,
+/// then containerd removes what ran.
+pub struct Node {
+    pub name: String,
+    pub dir: PathBuf,
+    crr_proxy: PathBuf,
+    agent: Agent,
+    proxy: Option<Process>,
+    kubelet: Option<Process>,
+    bridge: String,
+    pub containerd: Containerd,
+}
+
+impl Node {
+    /// Starts containerd, crr-proxy (the `crr_proxy` binary) and kubelet,
+    /// and waits until the node is Ready.
+    pub fn start(
+        cluster: &mut Cluster,
+        name: &str,
+        crr_proxy: &Path,
+        agent: Agent,
+    ) -> Result<Self> {
+        binary("kubelet")?;
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = cluster.dir.join("nodes").join(name);
+        fs::create_dir_all(&dir)?;
+        let containerd = Containerd::start()?;
+        // A bridge name is at most 15 bytes; the process id keeps test
+        // binaries apart, the counter nodes of one binary.
+        let bridge = format!("crr{}n{n}", std::process::id() % 100_000);
+        fs::write(
+            containerd.cni_conf_dir().join("10-crr-test.conflist"),
+            format!(
+                r#"{{"cniVersion": "1.0.0", "name": "crr-test", "plugins": [
+  {{"type": "bridge", "bridge": "{bridge}", "isGateway": true, "ipMasq": false,
+    "ipam": {{"type": "host-local", "ranges": [[{{"subnet": "10.244.{subnet}.0/24"}}]],
+              "dataDir": "{ipam}"}}}},
+  {{"type": "loopback"}}
+]}}"#,
+                subnet = n % 250,
+                ipam = dir.join("ipam").display(),
+            ),
+        )?;
+        let mut this = Self {
+            name: name.to_owned(),
+            dir,
+            crr_proxy: crr_proxy.to_owned(),
+            agent,
+            proxy: None,
+            kubelet: None,
+            bridge,
+            containerd,
+        };
+        if agent != Agent::Off {
+            let pair = cluster.pki.client(
+                &format!("crr-proxy-{name}"),
+                &format!("crr-proxy:node:{name}"),
+                &["crr-proxy:nodes"],
+            )?;
+            write_kubeconfig(
+                &this.agent_kubeconfig(),
+                &cluster.server,
+                &cluster.pki.ca().cert,
+                &pair,
+            )?;
+        }
+        this.start_proxy()?;
+        this.start_kubelet(cluster)?;
+        this.wait_ready(cluster)?;
+        Ok(this)
+    }
+
+    /// crr-proxy's socket: kubelet's runtime and image endpoint.
+    pub fn proxy_socket(&self) -> PathBuf {
+        self.dir.join("crr-proxy.sock")
+    }
+
+    pub fn proxy_log(&self) -> PathBuf {
+        self.dir.join("crr-proxy.log")
+    }
+
+    pub fn kubelet_log(&self) -> PathBuf {
+        self.dir.join("kubelet.log")
+    }
+
+    fn agent_kubeconfig(&self) -> PathBuf {
+        self.dir.join("crr-proxy.kubeconfig")
+    }
+
+    /// Starts crr-proxy on its socket (again, after [`Self::kill_proxy`]),
+    /// and waits for the socket.
+    pub fn start_proxy(&mut self) -> Result<()> {
+        let mut command = Command::new(&self.crr_proxy);
+        command
+            .arg("run")
+            .arg("--listen")
+            .arg(self.proxy_socket())
+            .arg("--runtime-endpoint")
+            .arg(format!("unix://{}", self.containerd.socket().display()))
+            .args(["--agent", self.agent.flag(), "--node-name", &self.name])
+            .arg("--state-dir")
+            .arg(self.dir.join("crr-proxy-state"))
+            .args(["--log-format", "json", "--metrics-addr", "off"])
+            .env("RUST_LOG", "info");
+        if self.agent != Agent::Off {
+            command.arg("--kubeconfig").arg(self.agent_kubeconfig());
+        }
+        let _ = fs::remove_file(self.proxy_socket());
+        self.proxy = Some(Process::spawn(
+            "crr-proxy",
+            &mut command,
+            &self.proxy_log(),
+        )?);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !self.proxy_socket().exists() {
+            if let Some(proxy) = self.proxy.as_mut() {
+                proxy.check()?;
+            }
+            if std::time::Instant::now() > deadline {
+                bail!(
+                    "crr-proxy did not serve its socket:\n{}",
+                    tail(&self.proxy_log(), 20)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    }
+
+    /// `kill -9` crr-proxy: kubelet's connection breaks mid-stream.
+    pub fn kill_proxy(&mut self) -> Result<()> {
+        let mut proxy = self.proxy.take().context("crr-proxy is not running")?;
+        if let Some(pid) = proxy.pid() {
+            kill(Pid::from_raw(pid as i32), Signal::SIGKILL)?;
+        }
+        proxy.stop(Duration::from_secs(5));
+        Ok(())
+    }
+
+    /// Stops crr-proxy as its service would (SIGTERM: drain, then exit).
+    pub fn stop_proxy(&mut self) {
+        if let Some(mut proxy) = self.proxy.take() {
+            proxy.stop(Duration::from_secs(30));
+        }
+    }
+
+    fn start_kubelet(&mut self, cluster: &Cluster) -> Result<()> {
+        let name = &self.name;
+        let pki = &cluster.pki;
+        let pair = pki.client(
+            &format!("kubelet-{name}"),
+            &format!("system:node:{name}"),
+            &["system:nodes"],
+        )?;
+        let kubeconfig = self.dir.join("kubelet.kubeconfig");
+        write_kubeconfig(&kubeconfig, &cluster.server, &pki.ca().cert, &pair)?;
+        let socket = format!("unix://{}", self.proxy_socket().display());
+        let config = self.dir.join("kubelet-config.yaml");
+        fs::write(
+            &config,
+            format!(
+                r#"apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: "{ip}"
+port: {port}
+healthzPort: 0
+readOnlyPort: 0
+cgroupDriver: cgroupfs
+cgroupsPerQOS: false
+enforceNodeAllocatable: []
+failSwapOn: false
+failCgroupV1: false
+protectKernelDefaults: false
+containerRuntimeEndpoint: "{socket}"
+imageServiceEndpoint: "{socket}"
+podLogsDir: "{logs}"
+serializeImagePulls: false
+nodeStatusUpdateFrequency: 5s
+syncFrequency: 10s
+evictionHard: {{"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%", "nodefs.inodesFree": "1%"}}
+authentication:
+  anonymous: {{enabled: false}}
+  webhook: {{enabled: true}}
+  x509: {{clientCAFile: "{ca}"}}
+authorization: {{mode: Webhook}}
+"#,
+                ip = cluster.host_ip,
+                port = free_port("0.0.0.0")?,
+                logs = self.dir.join("pod-logs").display(),
+                ca = pki.ca().cert.display(),
+            ),
+        )?;
+        self.kubelet = Some(Process::spawn(
+            "kubelet",
+            Command::new(binary("kubelet")?)
+                .arg("--config")
+                .arg(&config)
+                .arg("--kubeconfig")
+                .arg(&kubeconfig)
+                .arg("--root-dir")
+                .arg(self.dir.join("kubelet"))
+                .arg("--cert-dir")
+                .arg(self.dir.join("kubelet-pki"))
+                .args(["--hostname-override", name, "--node-ip", &cluster.host_ip])
+                .args(["--v", "2"]),
+            &self.kubelet_log(),
+        )?);
+        Ok(())
+    }
+
+    /// Waits until the Node's Ready condition is True.
+    pub fn wait_ready(&mut self, cluster: &mut Cluster) -> Result<()> {
+        let name = self.name.clone();
+        cluster
+            .wait(
+                &format!("node {name} to be Ready"),
+                Duration::from_secs(120),
+                |c| {
+                    if let Some(kubelet) = self.kubelet.as_mut() {
+                        kubelet.check()?;
+                    }
+                    Ok(node_ready(c, &name)?.then_some(()))
+                },
+            )
+            .with_context(|| format!("kubelet's log:\n{}", tail(&self.kubelet_log(), 30)))
+    }
+
+    /// kubelet's process, to check that it still runs.
+    pub fn check(&mut self) -> Result<()> {
+        if let Some(kubelet) = self.kubelet.as_mut() {
+            kubelet.check()?;
+        }
+        if let Some(proxy) = self.proxy.as_mut() {
+            proxy.check()?;
+        }
+        Ok(())
+    }
+
+    /// Stops and removes every Pod sandbox through CRI, as kubelet would,
+    /// so that CNI takes back their interfaces, addresses and network
+    /// namespaces (containerd's own clean-up only kills the tasks).
+    fn remove_sandboxes(&self) {
+        use crr_proxy::cri::v1::{
+            ListPodSandboxRequest, RemovePodSandboxRequest, StopPodSandboxRequest,
+        };
+        let endpoint = self.containerd.endpoint();
+        // A thread of its own: a test may hold a runtime already.
+        let _ = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(async {
+                let mut cri = super::client(&endpoint);
+                let Ok(list) = cri.list_pod_sandbox(ListPodSandboxRequest::default()).await else {
+                    return;
+                };
+                for sandbox in list.into_inner().items {
+                    let id = sandbox.id;
+                    let _ = cri
+                        .stop_pod_sandbox(StopPodSandboxRequest {
+                            pod_sandbox_id: id.clone(),
+                        })
+                        .await;
+                    let _ = cri
+                        .remove_pod_sandbox(RemovePodSandboxRequest { pod_sandbox_id: id })
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+
+    /// Unmounts what kubelet mounted under this node's folder (Pods'
+    /// secret and projected volumes are tmpfs mounts).
+    fn unmount_all(&self) {
+        let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let prefix = self.dir.display().to_string();
+        let mut points: Vec<&str> = mounts
+            .lines()
+            .filter_map(|line| line.split(' ').nth(4))
+            .filter(|point| point.starts_with(&prefix))
+            .collect();
+        points.reverse();
+        for point in points {
+            let _ = Command::new("umount").args(["-l", point]).status();
+        }
+    }
+}
+
+/// Whether the Node `name` has condition Ready True.
+pub fn node_ready(cluster: &Cluster, name: &str) -> Result<bool> {
+    let node = cluster.get(&["node", name])?;
+    Ok(node["status"]["conditions"]
+        .as_array()
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        }))
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(kubelet) = self.kubelet.as_mut() {
+            kubelet.stop(Duration::from_secs(5));
+        }
+        self.stop_proxy();
+        self.remove_sandboxes();
+        self.unmount_all();
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.bridge])
+            .status();
+    }
+}
