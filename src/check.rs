@@ -534,7 +534,9 @@ async fn first_lease(leases: &Api<Lease>, settings: &AgentSettings) -> Result<St
     };
     match leases.create(&dry_run, &lease).await {
         Ok(_) => Ok(format!(
-            "{namespace}/{name} does not exist yet: the first standalone node to look makes it"
+            "{namespace}/{name} does not exist: the first standalone node to look makes it; \
+             until then deploy/base/node-policy.yaml refuses every update and delete of a CRR, by anyone \
+             (deploy/base/claimer.yaml ships it)"
         )),
         // Another node made it since the read: it exists.
         Err(kube::Error::Api(status)) if status.code == 409 => {

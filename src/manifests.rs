@@ -95,7 +95,11 @@ const CRD: File = File {
     path: "crd/crd.yaml",
     text: include_str!("../deploy/crd/crd.yaml"),
 };
-const BASE: [File; 2] = [
+const BASE: [File; 3] = [
+    File {
+        path: "base/claimer.yaml",
+        text: include_str!("../deploy/base/claimer.yaml"),
+    },
     File {
         path: "base/node-policy.yaml",
         text: include_str!("../deploy/base/node-policy.yaml"),
@@ -109,11 +113,7 @@ const KRUISE: [File; 1] = [File {
     path: "kruise/rbac.yaml",
     text: include_str!("../deploy/kruise/rbac.yaml"),
 }];
-const STANDALONE: [File; 3] = [
-    File {
-        path: "standalone/namespace.yaml",
-        text: include_str!("../deploy/standalone/namespace.yaml"),
-    },
+const STANDALONE: [File; 2] = [
     File {
         path: "standalone/rbac.yaml",
         text: include_str!("../deploy/standalone/rbac.yaml"),
@@ -362,7 +362,10 @@ mod tests {
         changed.sort();
         changed.dedup();
         let expected = [
-            // The Lease's own namespace and the Role and binding in it.
+            // The Lease itself (shipped held by no node), its own namespace
+            // and the Role and binding in it.
+            r#"Lease/"crr-proxy-claimer".metadata.name"#,
+            r#"Lease/"crr-proxy-claimer".metadata.namespace"#,
             r#"Namespace/"crr-proxy-system".metadata.name"#,
             r#"Role/"crr-proxy-standalone-lease".metadata.namespace"#,
             r#"Role/"crr-proxy-standalone-lease".rules[0].resourceNames[0]"#,

@@ -113,10 +113,24 @@ async fn everything_in_place_passes_and_each_gap_fails_by_name() {
     );
     api.delete_with_grace(Resource::Pod, "kruise-system", "kruise-daemon-x", Some(0))
         .unwrap();
+    // The Lease as deploy/base/claimer.yaml ships it, held by no node.
     assert!(
-        row(&table, "Lease")
-            .contains("crr-proxy-system/crr-proxy-claimer does not exist yet: the first standalone node to look makes it"),
+        row(&table, "Lease").contains(
+            "crr-proxy-system/crr-proxy-claimer has no holder: the first standalone node to look takes it"
+        ),
         "{table}"
+    );
+    // Without it, the node policies refuse every update and delete of a CRR.
+    api.delete(Resource::Lease, "crr-proxy-system", "crr-proxy-claimer")
+        .unwrap();
+    let (_, missing) = check(&args, &kubeconfig, &kubelet).await;
+    assert!(
+        row(&missing, "Lease").contains(
+            "crr-proxy-system/crr-proxy-claimer does not exist: the first standalone node to look makes it; \
+             until then deploy/base/node-policy.yaml refuses every update and delete of a CRR, by anyone \
+             (deploy/base/claimer.yaml ships it)"
+        ),
+        "{missing}"
     );
     // A Lease no node could make: its namespace is missing, or the node
     // policy allows another one.

@@ -107,8 +107,7 @@ impl Fleet {
 
     async fn start_with(ctrd: &Arc<Containerd>, order: &[usize], lease: LeaseSettings) -> Self {
         let api = FakeApiServer::start().await;
-        api.add_policies(include_str!("../deploy/base/node-policy.yaml"));
-        api.add_namespace(crr_proxy::manifests::DEFAULT_LEASE_NAMESPACE);
+        api.add_policies(support::apiserver::BASE_POLICIES);
         let proxy = ProxyUnderTest::serve(Proxy::new(Routes {
             runtime: ctrd.endpoint(),
             image: None,

@@ -16,16 +16,18 @@ use support::policy::UserInfo;
 const NODE_LABEL: &str = "crr.apps.kruise.io/node-name";
 
 async fn server() -> FakeApiServer {
-    server_with(include_str!("../deploy/base/node-policy.yaml")).await
+    server_with(support::apiserver::BASE_POLICIES).await
 }
 
-/// The fake API server with `policies`, its users and a few CRRs and Pods.
-async fn server_with(policies: &str) -> FakeApiServer {
+/// The fake API server with `manifests` applied (their policies, and the
+/// Lease they ship), its users and a few CRRs and Pods.
+async fn server_with(manifests: &str) -> FakeApiServer {
     let server = FakeApiServer::start().await;
-    server.add_policies(policies);
+    server.add_policies(manifests);
     for namespace in [crr_proxy::manifests::DEFAULT_LEASE_NAMESPACE, "ops"] {
         server.add_namespace(namespace);
     }
+
     server.add_user("a", UserInfo::node("node-a"));
     server.add_user("b", UserInfo::node("node-b"));
     // A user outside crr-proxy:nodes (kruise-manager, a person).
@@ -174,10 +176,14 @@ async fn unclaimed_crrs_are_written_only_by_the_lease_holder() {
     let refuse = json!({"status": {"phase": "Completed", "message": "refused"}});
     let for_a = json!({"metadata": {"labels": {NODE_LABEL: "node-a"}}});
     let for_b = json!({"metadata": {"labels": {NODE_LABEL: "node-b"}}});
-    // No Lease, so no holder: no node may claim, even for itself.
+    // The Lease as shipped, held by no node: no node may claim, even for
+    // itself.
     let (status, message) = patch_crr(&server, "a", "new", for_a.clone(), false).await;
     assert_eq!(status, 403);
-    assert!(message.contains("no params found"), "{message}");
+    assert!(
+        message.contains("only the holder of the standalone Lease"),
+        "{message}"
+    );
     assert_eq!(
         patch_crr(&server, "a", "new", refuse.clone(), true).await.0,
         403
@@ -395,8 +401,10 @@ async fn a_node_holds_the_lease_only_as_itself() {
             .0,
         403
     );
+    // Under its own name it is admitted, and then finds the Lease
+    // deploy/base/claimer.yaml ships; it takes that one instead.
     let made = create("a", "crr-proxy-system", "crr-proxy-claimer", "node-a").await;
-    assert_eq!(made.0, 200, "{}", made.1);
+    assert_eq!(made.0, 409, "{}", made.1);
     let set_holder = |token: &'static str, holder: Value| {
         let api = leases(token, "crr-proxy-system");
         async move {
@@ -411,6 +419,7 @@ async fn a_node_holds_the_lease_only_as_itself() {
             )
         }
     };
+    assert_eq!(set_holder("a", json!("node-a")).await.0, 200);
     // node-b can neither hand it to node-a's name nor release node-a's.
     assert_eq!(set_holder("b", json!("node-c")).await.0, 403);
     assert_eq!(set_holder("b", Value::Null).await.0, 403);
@@ -445,13 +454,21 @@ async fn the_policies_rendered_for_another_lease_guard_that_lease() {
     assert_eq!(denied, 403, "{message}");
     assert!(message.contains("no Lease but ops/claim"), "{message}");
     let for_b = json!({"metadata": {"labels": {NODE_LABEL: "node-b"}}});
-    // No ops/claim yet: nobody holds it, so no claim.
+    // ops/claim as shipped: nobody holds it, so no claim.
     assert_eq!(
         patch_crr(&server, "a", "new", for_b.clone(), false).await.0,
         403
     );
-    let made = create("ops", "claim").await;
-    assert_eq!(made.0, 200, "{}", made.1);
+    assert_eq!(create("ops", "claim").await.0, 409);
+    let take = json!({"spec": {"holderIdentity": "node-a"}});
+    let taken = Api::<Lease>::namespaced(server.client_as("a"), "ops")
+        .patch(
+            "claim",
+            &Default::default(),
+            &kube::api::Patch::Merge(&take),
+        )
+        .await;
+    assert!(taken.is_ok(), "{taken:?}");
     // node-a holds ops/claim: it claims the new CRR for node-b.
     assert_eq!(patch_crr(&server, "a", "new", for_b, false).await.0, 200);
 }
@@ -552,4 +569,22 @@ async fn kubelets_identity_is_confined_to_its_node_and_kubelet_is_left_alone() {
     let (status, message) = code(leases.create(&PostParams::default(), &claimer).await);
     assert_eq!(status, 403);
     assert!(message.contains("kube-node-lease"), "{message}");
+}
+
+/// Why deploy/base/claimer.yaml ships the Lease: kube-apiserver looks up a
+/// binding's parameter before the match conditions, so without the Lease
+/// every update and delete of a CRR, by anyone, is refused (met on a real
+/// kube-apiserver v1.37, tests/standalone_checks.rs).
+#[tokio::test]
+async fn without_the_shipped_lease_no_one_could_update_a_crr() {
+    let bare = server_with(include_str!("../deploy/base/node-policy.yaml")).await;
+    let label = json!({"metadata": {"labels": {"team": "shop"}}});
+    let (status, message) = patch_crr(&bare, "manager", "of-a", label.clone(), false).await;
+    assert_eq!(status, 422, "{message}");
+    assert!(message.ends_with("denied request: failed to configure binding: no params found for policy binding with `Deny` parameterNotFoundAction"), "{message}");
+    let server = server().await;
+    assert_eq!(
+        patch_crr(&server, "manager", "of-a", label, false).await.0,
+        200
+    );
 }

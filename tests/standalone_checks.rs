@@ -11,7 +11,8 @@ use crr_proxy::crr::ContainerRecreateRequest;
 use crr_proxy::crr::admission::admit;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
-use support::apiserver::FakeApiServer;
+use support::apiserver::{Conversion, CrrVersions, FakeApiServer};
+use support::cluster::Cluster;
 use support::policy::UserInfo;
 
 fn crr(spec: Value) -> ContainerRecreateRequest {
@@ -31,6 +32,7 @@ fn webhook_says(crr: &ContainerRecreateRequest) -> Result<(), String> {
 #[tokio::test]
 async fn bad_crrs_are_refused_at_create_with_the_webhooks_messages() {
     let server = FakeApiServer::start().await;
+    server.set_crr_versions(CrrVersions::Both(Conversion::None));
     server.add_policies(include_str!("../deploy/standalone/standalone-checks.yaml"));
     server.add_user(
         "jane",
@@ -40,20 +42,87 @@ async fn bad_crrs_are_refused_at_create_with_the_webhooks_messages() {
         },
     );
     let api = Api::<ContainerRecreateRequest>::namespaced(server.client_as("jane"), "default");
+    bad_crrs_are_refused(&api).await;
+}
+
+/// The same on a real kube-apiserver (v1.37, support::cluster) with
+/// deploy/standalone applied by the real kubectl: its CEL evaluates the
+/// policy as written.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_real_api_server_refuses_them_alike() {
+    let cluster = tokio::task::block_in_place(|| {
+        let cluster = Cluster::start().unwrap();
+        let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/standalone");
+        cluster
+            .kubectl(&["apply", "-k", deploy.to_str().unwrap()])
+            .unwrap();
+        cluster
+            .kubectl(&[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                "crd/containerrecreaterequests.apps.kruise.io",
+            ])
+            .unwrap();
+        cluster
+    });
+    let api =
+        Api::<ContainerRecreateRequest>::namespaced(cluster.client().await.unwrap(), "default");
+    // A new policy takes the API server a moment to load.
+    let probe = crr(json!({"podName": "", "containers": [{"name": "app"}]}));
+    for _ in 0..100 {
+        if api.create(&PostParams::default(), &probe).await.is_err() {
+            break;
+        }
+        api.delete("restart", &Default::default()).await.ok();
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    bad_crrs_are_refused(&api).await;
+}
+
+async fn bad_crrs_are_refused(api: &Api<ContainerRecreateRequest>) {
     let app = json!([{"name": "app"}]);
+    // What crr-proxy's CRD (deploy/crd, which deploy/standalone installs)
+    // refuses is refused by its schema before any policy runs, with the API
+    // server's message (met on a real kube-apiserver v1.37).
+    let schema = |field: &str, value: i64| {
+        format!(
+            "ContainerRecreateRequest.apps.kruise.io \"restart\" is invalid: spec.strategy.{field}: \
+             Invalid value: {value}: spec.strategy.{field} in body should be greater than or equal to 0"
+        )
+    };
     let cases = [
-        json!({"podName": "", "containers": app}),
-        json!({"podName": "web-0", "containers": []}),
-        json!({"podName": "web-0", "containers": app, "activeDeadlineSeconds": 2}),
-        json!({"podName": "web-0", "containers": app, "strategy": {"terminationGracePeriodSeconds": -1}}),
-        json!({"podName": "web-0", "containers": app, "strategy": {"unreadyGracePeriodSeconds": -5}}),
-        json!({"podName": "web-0", "containers": app, "strategy": {"failurePolicy": "Maybe"}}),
-        json!({"podName": "web-0", "containers": [{"name": "app"}, {"name": "sidecar"}, {"name": "app"}]}),
-        json!({"podName": "web-0", "containers": [{"name": "app", "statusContext": {"containerID": "containerd://x", "restartCount": 0}}]}),
-        json!({"podName": "web-0", "containers": [{"name": "app", "ports": [{"containerPort": 80}]}]}),
-        json!({"podName": "web-0", "containers": [{"name": "app", "preStop": {"exec": {"command": ["true"]}}}]}),
+        (json!({"podName": "", "containers": app}), None),
+        (json!({"podName": "web-0", "containers": []}), None),
+        (json!({"podName": "web-0", "containers": app, "activeDeadlineSeconds": 2}), None),
+        (
+            json!({"podName": "web-0", "containers": app, "strategy": {"terminationGracePeriodSeconds": -1}}),
+            Some(schema("terminationGracePeriodSeconds", -1)),
+        ),
+        (
+            json!({"podName": "web-0", "containers": app, "strategy": {"unreadyGracePeriodSeconds": -5}}),
+            Some(schema("unreadyGracePeriodSeconds", -5)),
+        ),
+        (
+            json!({"podName": "web-0", "containers": app, "strategy": {"failurePolicy": "Maybe"}}),
+            Some(
+                "ContainerRecreateRequest.apps.kruise.io \"restart\" is invalid: spec.strategy.failurePolicy: \
+                 Unsupported value: \"Maybe\": supported values: \"Fail\", \"Ignore\""
+                    .to_owned(),
+            ),
+        ),
+        (json!({"podName": "web-0", "containers": [{"name": "app"}, {"name": "sidecar"}, {"name": "app"}]}), None),
+        (
+            json!({"podName": "web-0", "containers": [{"name": "app", "statusContext": {"containerID": "containerd://x", "restartCount": 0}}]}),
+            None,
+        ),
+        (json!({"podName": "web-0", "containers": [{"name": "app", "ports": [{"containerPort": 80}]}]}), None),
+        (
+            json!({"podName": "web-0", "containers": [{"name": "app", "preStop": {"exec": {"command": ["true"]}}}]}),
+            None,
+        ),
     ];
-    for spec in cases {
+    for (spec, schema_says) in cases {
         let bad = crr(spec.clone());
         let expected = webhook_says(&bad).expect_err("the webhook refuses it");
         let refused = api.create(&PostParams::default(), &bad).await;
@@ -61,13 +130,16 @@ async fn bad_crrs_are_refused_at_create_with_the_webhooks_messages() {
             panic!("{spec}: created ({refused:?}); the webhook says {expected:?}");
         };
         assert_eq!(status.code, 422, "{spec}: {status:?}");
-        assert!(
-            status
-                .message
-                .ends_with(&format!("denied request: {expected}")),
-            "{spec}: {:?}, the webhook says {expected:?}",
-            status.message
-        );
+        match schema_says {
+            Some(message) => assert_eq!(status.message, message, "{spec}"),
+            None => assert!(
+                status
+                    .message
+                    .ends_with(&format!("denied request: {expected}")),
+                "{spec}: {:?}, the webhook says {expected:?}",
+                status.message
+            ),
+        }
     }
     // What passes the webhook passes the policy.
     for spec in [

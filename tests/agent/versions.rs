@@ -39,19 +39,19 @@ pub(super) async fn standalone_v1beta1_invalid_crrs_are_refused_at_create_or_end
         (
             "grace",
             json!({"strategy": {"terminationGracePeriodSeconds": -5}}),
-            "spec.strategy.terminationGracePeriodSeconds: Invalid value: should be greater than or equal to 0",
+            "ContainerRecreateRequest.apps.kruise.io \"grace\" is invalid: spec.strategy.terminationGracePeriodSeconds: Invalid value: -5: spec.strategy.terminationGracePeriodSeconds in body should be greater than or equal to 0",
             "terminationGracePeriodSeconds must be non-negative integer",
         ),
         (
             "unready",
             json!({"strategy": {"unreadyGracePeriodSeconds": -1}}),
-            "spec.strategy.unreadyGracePeriodSeconds: Invalid value: should be greater than or equal to 0",
+            "ContainerRecreateRequest.apps.kruise.io \"unready\" is invalid: spec.strategy.unreadyGracePeriodSeconds: Invalid value: -1: spec.strategy.unreadyGracePeriodSeconds in body should be greater than or equal to 0",
             "unreadyGracePeriodSeconds must be non-negative integer",
         ),
         (
             "policy",
             json!({"strategy": {"failurePolicy": "Sometimes"}}),
-            "spec.strategy.failurePolicy: Unsupported value: \"Sometimes\": supported values: \"Fail\", \"Ignore\"",
+            "ContainerRecreateRequest.apps.kruise.io \"policy\" is invalid: spec.strategy.failurePolicy: Unsupported value: \"Sometimes\": supported values: \"Fail\", \"Ignore\"",
             "unknown failurePolicy Sometimes",
         ),
     ];

@@ -41,6 +41,15 @@ use super::reads::{self, Read};
 use super::versions::View;
 #[allow(unused_imports)] // each test binary uses a different part
 pub use super::versions::{Conversion, CrrVersions};
+
+/// deploy/base's objects that judge requests, as `kubectl apply -k
+/// deploy/base` installs them: the claimer's namespace and Lease (held by
+/// no node), then the node policies, which read that Lease.
+pub const BASE_POLICIES: &str = concat!(
+    include_str!("../../deploy/base/claimer.yaml"),
+    "---\n",
+    include_str!("../../deploy/base/node-policy.yaml")
+);
 use authz::Access;
 
 const HISTORY: usize = 10_000;
@@ -571,13 +580,12 @@ impl FakeApiServer {
         server
     }
 
-    /// A server under deploy/base/node-policy.yaml, with the standalone
-    /// Lease's namespace, where `token` authenticates as `node`'s crr-proxy
+    /// A server under deploy/base's policies, with the standalone Lease and
+    /// its namespace, where `token` authenticates as `node`'s crr-proxy
     /// identity.
     pub async fn start_for_node(node: &str, token: &str) -> Self {
         let server = Self::start().await;
-        server.add_policies(include_str!("../../deploy/base/node-policy.yaml"));
-        server.add_namespace(crr_proxy::manifests::DEFAULT_LEASE_NAMESPACE);
+        server.add_policies(BASE_POLICIES);
         server.add_user(token, UserInfo::node(node));
         server
     }
@@ -833,6 +841,13 @@ impl FakeApiServer {
             validate_event(&obj)?;
         }
         let key = (resource, scope(resource, namespace), name.clone());
+        for hook in hooks {
+            hook(Operation::Create, resource, &mut obj, None, &store)?;
+        }
+        self.admit_policies(&store, "CREATE", &key, false, Some(&obj), None)?;
+        // Only then storage: kube-apiserver admits a create before it
+        // writes, so a refused create of an existing name is refused, not
+        // a conflict.
         if store.objects.contains_key(&key) {
             return Err(ApiError::new(
                 409,
@@ -840,10 +855,6 @@ impl FakeApiServer {
                 format!("{} {name:?} already exists", resource.kind()),
             ));
         }
-        for hook in hooks {
-            hook(Operation::Create, resource, &mut obj, None, &store)?;
-        }
-        self.admit_policies(&store, "CREATE", &key, false, Some(&obj), None)?;
         obj["apiVersion"] = json!(self.stored_api_version(resource));
         obj["kind"] = json!(resource.kind());
         let meta = &mut obj["metadata"];

@@ -340,6 +340,11 @@ impl Cluster {
         &self.admin
     }
 
+    /// A kube client as the admin, as crr-proxy's own are built.
+    pub async fn client(&self) -> Result<kube::Client> {
+        client_for(&self.admin).await
+    }
+
     /// The control plane's processes, to check that none has died.
     fn check(&mut self) -> Result<()> {
         self.etcd.check()?;
@@ -431,6 +436,13 @@ impl Drop for Cluster {
             let _ = fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// A kube client from `kubeconfig`.
+pub async fn client_for(kubeconfig: &Path) -> Result<kube::Client> {
+    let config = kube::config::Kubeconfig::read_from(kubeconfig)?;
+    let config = kube::Config::from_custom_kubeconfig(config, &Default::default()).await?;
+    Ok(kube::Client::try_from(config)?)
 }
 
 /// kubectl with `kubeconfig`; stdout, or an error with stderr.

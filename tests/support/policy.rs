@@ -261,26 +261,28 @@ impl Policy {
                 ),
             ))
         };
-        for condition in &self.conditions {
-            match condition.execute(&context) {
-                Ok(cel::Value::Bool(true)) => {}
-                Ok(cel::Value::Bool(false)) => return Ok(()),
-                other => return deny("Forbidden", &format!("matchCondition: {other:?}")),
-            }
-        }
+        // The binding's parameter first, then the match conditions, as
+        // kube-apiserver's dispatcher does: a missing parameter under
+        // `Deny` refuses every request the policy matches, whoever sends
+        // it (a configuration error, 422, under failurePolicy Fail; seen on
+        // a real kube-apiserver v1.37).
         if let Some(param) = &self.params {
             match (attrs.params)(&param.kind, &param.namespace, &param.name) {
                 Some(value) => bind(&mut context, "params", &value),
                 None if param.deny_if_missing => {
                     return deny(
-                        "Forbidden",
-                        &format!(
-                            "failed to configure binding: no params found for policy binding with `Deny` parameterNotFoundAction ({} {}/{})",
-                            param.kind, param.namespace, param.name
-                        ),
+                        "Invalid",
+                        "failed to configure binding: no params found for policy binding with `Deny` parameterNotFoundAction",
                     );
                 }
                 None => return Ok(()),
+            }
+        }
+        for condition in &self.conditions {
+            match condition.execute(&context) {
+                Ok(cel::Value::Bool(true)) => {}
+                Ok(cel::Value::Bool(false)) => return Ok(()),
+                other => return deny("Forbidden", &format!("matchCondition: {other:?}")),
             }
         }
         let mut variables: HashMap<String, cel::Value> = HashMap::new();

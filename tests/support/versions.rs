@@ -202,7 +202,15 @@ pub enum Checks {
 /// `old` (validation ratcheting), a value the old object had already is
 /// not judged again.
 pub fn validate(obj: &Value, checks: Checks, old: Option<&Value>) -> Result<(), ApiError> {
-    let invalid = |message: String| Err(ApiError::new(422, "Invalid", message));
+    // As kube-apiserver words it: the object, then the field's complaint.
+    let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+    let invalid = |message: String| {
+        Err(ApiError::new(
+            422,
+            "Invalid",
+            format!("ContainerRecreateRequest.{GROUP} \"{name}\" is invalid: {message}"),
+        ))
+    };
     let kept = |pointer: &str| old.is_some_and(|old| old.pointer(pointer) == obj.pointer(pointer));
     let phases = ["Pending", "Recreating", "Succeeded", "Failed", "Completed"];
     let mut phase_fields = vec![("status.phase".to_owned(), "/status/phase".to_owned())];
@@ -244,15 +252,14 @@ pub fn validate(obj: &Value, checks: Checks, old: Option<&Value>) -> Result<(), 
         "strategy/minStartedSeconds",
     ] {
         let pointer = format!("/spec/{field}");
-        if obj
+        if let Some(value) = obj
             .pointer(&pointer)
             .and_then(Value::as_i64)
-            .is_some_and(|v| v < 0)
-            && !kept(&pointer)
+            .filter(|v| *v < 0 && !kept(&pointer))
         {
+            let field = format!("spec.{}", field.replace('/', "."));
             return invalid(format!(
-                "spec.{}: Invalid value: should be greater than or equal to 0",
-                field.replace('/', ".")
+                "{field}: Invalid value: {value}: {field} in body should be greater than or equal to 0"
             ));
         }
     }

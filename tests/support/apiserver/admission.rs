@@ -84,11 +84,26 @@ impl FakeApiServer {
     }
 
     /// Installs the ValidatingAdmissionPolicies (with their bindings) of a
-    /// manifest. They judge HTTP requests of authenticated users.
+    /// manifest, and the Namespaces and Leases it ships, as `kubectl apply`
+    /// would. The policies judge HTTP requests of authenticated users.
     pub fn add_policies(&self, manifest: &str) {
         let loaded = policy::load(manifest);
         assert!(!loaded.is_empty(), "no bound policy in the manifest");
         lock(&self.inner.policies).extend(loaded.into_iter().map(Arc::new));
+        let documents: Vec<Value> =
+            serde_saphyr::from_multiple(manifest).expect("the manifest is YAML");
+        for document in documents {
+            let name = document["metadata"]["name"].as_str().unwrap_or_default();
+            let namespace = document["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or_default();
+            if document["kind"] == "Namespace" {
+                self.add_namespace(name);
+            } else if document["kind"] == "Lease" {
+                self.create_unchecked(Resource::Lease, namespace, document.clone())
+                    .expect("the manifest's Lease");
+            }
+        }
     }
 
     /// The policies' verdict on a write by the current HTTP caller.
