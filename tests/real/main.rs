@@ -9,6 +9,7 @@
 mod support;
 
 mod relay;
+mod restart;
 mod rules;
 mod standalone;
 

@@ -162,6 +162,8 @@ pub struct Cluster {
     admin: PathBuf,
     etcd: Process,
     apiserver: Process,
+    /// To start it again after an outage.
+    apiserver_args: Vec<std::ffi::OsString>,
     /// Started once the API server is ready: it would only log its
     /// retries until then.
     controllers: Option<Process>,
@@ -250,40 +252,46 @@ impl Cluster {
         let server = format!("https://127.0.0.1:{port}");
         let admin = dir.join("admin.kubeconfig");
         write_kubeconfig(&admin, &server, &pki.ca().cert, &admin_pair)?;
+        let mut apiserver_command = Command::new(binary("kube-apiserver")?);
+        apiserver_command
+            .args(["--etcd-servers", &etcd_url])
+            .args([
+                "--bind-address",
+                "127.0.0.1",
+                "--secure-port",
+                &port.to_string(),
+            ])
+            .args(["--advertise-address", &host_ip])
+            .arg("--tls-cert-file")
+            .arg(&serving.cert)
+            .arg("--tls-private-key-file")
+            .arg(&serving.key)
+            .arg("--client-ca-file")
+            .arg(&pki.ca().cert)
+            .arg("--service-account-key-file")
+            .arg(pki.service_account_public())
+            .arg("--service-account-signing-key-file")
+            .arg(pki.service_account_key())
+            .args(["--service-account-issuer", "https://kubernetes.default.svc"])
+            .args(["--service-cluster-ip-range", SERVICE_RANGE])
+            .args(["--authorization-mode", "Node,RBAC"])
+            .args(["--enable-admission-plugins", "NodeRestriction"])
+            .arg("--allow-privileged=true")
+            .arg("--kubelet-client-certificate")
+            .arg(&to_kubelets.cert)
+            .arg("--kubelet-client-key")
+            .arg(&to_kubelets.key)
+            .args(["--kubelet-preferred-address-types", "InternalIP"])
+            .arg("--enable-bootstrap-token-auth=true")
+            .args(["--endpoint-reconciler-type", "none"])
+            .args(["--profiling=false", "--v=1"]);
+        let apiserver_args = apiserver_command
+            .get_args()
+            .map(ToOwned::to_owned)
+            .collect();
         let apiserver = Process::spawn(
             "kube-apiserver",
-            Command::new(binary("kube-apiserver")?)
-                .args(["--etcd-servers", &etcd_url])
-                .args([
-                    "--bind-address",
-                    "127.0.0.1",
-                    "--secure-port",
-                    &port.to_string(),
-                ])
-                .args(["--advertise-address", &host_ip])
-                .arg("--tls-cert-file")
-                .arg(&serving.cert)
-                .arg("--tls-private-key-file")
-                .arg(&serving.key)
-                .arg("--client-ca-file")
-                .arg(&pki.ca().cert)
-                .arg("--service-account-key-file")
-                .arg(pki.service_account_public())
-                .arg("--service-account-signing-key-file")
-                .arg(pki.service_account_key())
-                .args(["--service-account-issuer", "https://kubernetes.default.svc"])
-                .args(["--service-cluster-ip-range", SERVICE_RANGE])
-                .args(["--authorization-mode", "Node,RBAC"])
-                .args(["--enable-admission-plugins", "NodeRestriction"])
-                .arg("--allow-privileged=true")
-                .arg("--kubelet-client-certificate")
-                .arg(&to_kubelets.cert)
-                .arg("--kubelet-client-key")
-                .arg(&to_kubelets.key)
-                .args(["--kubelet-preferred-address-types", "InternalIP"])
-                .arg("--enable-bootstrap-token-auth=true")
-                .args(["--endpoint-reconciler-type", "none"])
-                .args(["--profiling=false", "--v=1"]),
+            &mut apiserver_command,
             &dir.join("kube-apiserver.log"),
         )?;
 
@@ -302,6 +310,7 @@ impl Cluster {
             admin,
             etcd,
             apiserver,
+            apiserver_args,
             controllers: None,
             _serial: serial,
         };
@@ -333,6 +342,25 @@ impl Cluster {
         )?);
         this.wait_for_service_account("default")?;
         Ok(this)
+    }
+
+    /// Stops kube-apiserver (SIGTERM, as its service would), leaves it
+    /// down for `down`, starts it again with the same flags and waits until
+    /// it is ready.
+    pub fn restart_apiserver(&mut self, down: Duration) -> Result<()> {
+        self.apiserver.stop(Duration::from_secs(30));
+        std::thread::sleep(down);
+        self.apiserver = Process::spawn(
+            "kube-apiserver",
+            Command::new(binary("kube-apiserver")?).args(&self.apiserver_args),
+            &self.dir.join("kube-apiserver.log"),
+        )?;
+        self.wait(
+            "the API server to be ready again",
+            READY_TIMEOUT,
+            |cluster| Ok(cluster.kubectl(&["get", "--raw", "/readyz"]).ok()),
+        )
+        .map(drop)
     }
 
     /// The admin's kubeconfig (system:masters).
