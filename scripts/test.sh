@@ -3,8 +3,10 @@
 # and busybox-static when missing, fetches containerd 2.x and kustomize into
 # private folders, a Debian root with systemd (debootstrap) for the systemd
 # test, and the Python test peers into a private virtualenv, then
-# checks formatting and lints and runs every test (unit, and integration
-# against a private real containerd), and the containerd tests once more on
+# builds Kubernetes v1.37.2 and OpenKruise v1.9.0 from their Go modules
+# (kube.sh, kruise.sh; cached by version), then checks formatting and lints
+# and runs every test (unit, integration against a private real containerd,
+# and on a private real Kubernetes), and the containerd tests once more on
 # 2.x.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +16,7 @@ source scripts/lib/peers.sh
 source scripts/lib/kustomize.sh
 source scripts/lib/nspawn.sh
 source scripts/lib/kube.sh
+source scripts/lib/kruise.sh
 ensure_root
 ensure_packages
 ensure_containerd2
@@ -21,6 +24,7 @@ ensure_kustomize
 ensure_nspawn_root
 ensure_peers
 ensure_kubernetes
+ensure_kruise
 
 cargo fmt --check
 cargo clippy --all-targets --locked -- -D warnings

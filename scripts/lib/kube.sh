@@ -43,6 +43,7 @@ _kube_build() (
   part="$(mktemp -d "$CRR_TEST_CACHE/.kubernetes-$version.XXXXXX")"
   # (part is gone once renamed into place.)
   trap 'rm -rf "$tmp" "$part"' EXIT
+  command -v go >/dev/null || { echo "$0: Go 1.26 or later is needed to build the real parts the tests run" >&2; exit 1; }
   export GOFLAGS=-mod=mod GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
   started=$SECONDS
   echo "building kubernetes $version (etcd, kube-apiserver, kube-controller-manager, kubelet, kubectl) into $dest" >&2

@@ -8,6 +8,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod kruise;
 mod relay;
 mod restart;
 mod rules;

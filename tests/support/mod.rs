@@ -8,6 +8,7 @@ pub mod containerd;
 pub mod demo;
 pub mod images;
 pub mod interposer;
+pub mod kruise;
 pub mod kubelet;
 pub mod node;
 pub mod patch;

@@ -1,0 +1,68 @@
+//! kruise mode beside OpenKruise's real kruise-manager v1.9.0 (its webhook
+//! registered by URL, its CRDs from its module): the webhook labels and
+//! checks each CRR, crr-proxy's kruise agent recreates the container, the
+//! real kubelet starts it again.
+
+use crr_proxy::crr::ContainerRecreateRequest;
+use crr_proxy::crr::admission::admit;
+use support::kruise::KruiseManager;
+use support::node::{Agent, Node};
+
+use super::*;
+
+/// Real parts: kruise-manager v1.9.0 and its webhook, etcd, kube-apiserver
+/// (with deploy/kruise's policies), kube-controller-manager, kubelet,
+/// kubectl, containerd, runc.
+#[test]
+fn the_real_kruise_webhook_admits_and_crr_proxy_recreates() {
+    let mut cluster = Cluster::start().unwrap();
+    let mut manager = KruiseManager::start(&mut cluster).unwrap();
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/kruise");
+    cluster
+        .kubectl(&["apply", "-k", deploy.to_str().unwrap()])
+        .unwrap();
+    cluster.namespace("shop").unwrap();
+    let _node = Node::start(&mut cluster, "node-a", crr_proxy(), Agent::Kruise).unwrap();
+    cluster
+        .apply(&web_pod("shop", "web-0", "node-a").to_string())
+        .unwrap();
+    let pod = wait_pod_ready(&mut cluster, "shop", "web-0").unwrap();
+
+    // What the webhook refuses, with crr-proxy's own admission's words.
+    let (model_pod, model_containers) = support::pods::running_web_pod("shop");
+    for (name, containers) in [
+        ("none", json!([])),
+        ("twice", json!([{"name": "app"}, {"name": "app"}])),
+        ("unknown", json!([{"name": "nope"}])),
+    ] {
+        let crr = json!({
+            "apiVersion": "apps.kruise.io/v1alpha1", "kind": "ContainerRecreateRequest",
+            "metadata": {"name": name, "namespace": "shop"},
+            "spec": {"podName": "web-0", "containers": containers}
+        });
+        let typed: ContainerRecreateRequest = serde_json::from_value(crr.clone()).unwrap();
+        let expected = admit(&typed, &model_pod, &model_containers).expect_err(name);
+        let refused = cluster.apply(&crr.to_string()).expect_err(name);
+        assert!(
+            format!("{refused:#}").contains(&expected),
+            "{name}: kruise says {refused:#}; crr-proxy's admission says {expected:?}"
+        );
+    }
+
+    create_crr(&cluster, "shop", "restart-app", "web-0", &["app"]);
+    let done = wait_crr_completed(&mut cluster, "shop", "restart-app");
+    manager.check().unwrap();
+    let labels = &done["metadata"]["labels"];
+    assert_eq!(labels["crr.apps.kruise.io/node-name"], "node-a", "{done:#}");
+    assert_eq!(
+        labels["crr.apps.kruise.io/pod-uid"], pod["metadata"]["uid"],
+        "{done:#}"
+    );
+    assert_eq!(
+        done["status"]["containerRecreateStates"],
+        json!([{"name": "app", "phase": "Succeeded", "isKilled": true}]),
+        "{done:#}"
+    );
+    let after = wait_pod_ready(&mut cluster, "shop", "web-0").unwrap();
+    assert_eq!(restart_count(&after, "app"), 1, "{after:#}");
+}
