@@ -66,3 +66,43 @@ fn the_real_kruise_webhook_admits_and_crr_proxy_recreates() {
     let after = wait_pod_ready(&mut cluster, "shop", "web-0").unwrap();
     assert_eq!(restart_count(&after, "app"), 1, "{after:#}");
 }
+
+/// Real parts: kube-apiserver's Node authorizer and NodeRestriction judging
+/// crr-proxy under kubelet's own client certificate, with the objects
+/// `crr-proxy manifests --agent kruise --identity kubelet` renders;
+/// kruise-manager v1.9.0, kubelet, containerd.
+#[test]
+fn under_kubelets_identity_the_real_node_authorizer_lets_the_agent_work() {
+    let mut cluster = Cluster::start().unwrap();
+    let _manager = KruiseManager::start(&mut cluster).unwrap();
+    let rendered = std::process::Command::new(CRR_PROXY)
+        .args(["manifests", "--agent", "kruise", "--identity", "kubelet"])
+        .output()
+        .unwrap();
+    assert!(rendered.status.success());
+    cluster
+        .kubectl_in(
+            &["apply", "-f", "-"],
+            &String::from_utf8(rendered.stdout).unwrap(),
+        )
+        .unwrap();
+    cluster.namespace("shop").unwrap();
+    let node = Node::start(&mut cluster, "node-a", crr_proxy(), Agent::KruiseAsKubelet).unwrap();
+    cluster
+        .apply(&web_pod("shop", "web-0", "node-a").to_string())
+        .unwrap();
+    wait_pod_ready(&mut cluster, "shop", "web-0").unwrap();
+    create_crr(&cluster, "shop", "restart-app", "web-0", &["app"]);
+    let done = wait_crr_completed(&mut cluster, "shop", "restart-app");
+    assert_eq!(
+        done["status"]["containerRecreateStates"],
+        json!([{"name": "app", "phase": "Succeeded", "isKilled": true}]),
+        "{done:#}"
+    );
+    let after = wait_pod_ready(&mut cluster, "shop", "web-0").unwrap();
+    assert_eq!(restart_count(&after, "app"), 1, "{after:#}");
+    // The Pod's status and the CRR were written as system:node:node-a, and
+    // nothing the agent asked was refused.
+    let log = std::fs::read_to_string(node.proxy_log()).unwrap();
+    assert!(!log.to_lowercase().contains("forbidden"), "{log}");
+}

@@ -30,6 +30,9 @@ pub enum Agent {
     Off,
     Standalone,
     Kruise,
+    /// Kruise mode under kubelet's identity (`system:node:<node>`): the
+    /// agent reads kubelet's own kubeconfig.
+    KruiseAsKubelet,
 }
 
 impl Agent {
@@ -37,7 +40,7 @@ impl Agent {
         match self {
             Self::Off => "off",
             Self::Standalone => "standalone",
-            Self::Kruise => "kruise",
+            Self::Kruise | Self::KruiseAsKubelet => "kruise",
         }
     }
 }
@@ -96,7 +99,8 @@ impl Node {
             bridge,
             containerd,
         };
-        if agent != Agent::Off {
+        this.write_kubelet_kubeconfig(cluster)?;
+        if matches!(agent, Agent::Standalone | Agent::Kruise) {
             let pair = cluster.pki.client(
                 &format!("crr-proxy-{name}"),
                 &format!("crr-proxy:node:{name}"),
@@ -129,7 +133,35 @@ impl Node {
     }
 
     fn agent_kubeconfig(&self) -> PathBuf {
-        self.dir.join("crr-proxy.kubeconfig")
+        match self.agent {
+            Agent::KruiseAsKubelet => self.kubelet_kubeconfig(),
+            _ => self.dir.join("crr-proxy.kubeconfig"),
+        }
+    }
+
+    pub fn kubelet_config(&self) -> PathBuf {
+        self.dir.join("kubelet-config.yaml")
+    }
+
+    pub fn kubelet_kubeconfig(&self) -> PathBuf {
+        self.dir.join("kubelet.kubeconfig")
+    }
+
+    /// kubelet's client certificate (`system:node:<node>` in
+    /// `system:nodes`) and its kubeconfig.
+    fn write_kubelet_kubeconfig(&self, cluster: &Cluster) -> Result<()> {
+        let name = &self.name;
+        let pair = cluster.pki.client(
+            &format!("kubelet-{name}"),
+            &format!("system:node:{name}"),
+            &["system:nodes"],
+        )?;
+        write_kubeconfig(
+            &self.kubelet_kubeconfig(),
+            &cluster.server,
+            &cluster.pki.ca().cert,
+            &pair,
+        )
     }
 
     /// Starts crr-proxy on its socket (again, after [`Self::kill_proxy`]),
@@ -145,6 +177,9 @@ impl Node {
             .args(["--agent", self.agent.flag(), "--node-name", &self.name])
             .arg("--state-dir")
             .arg(self.dir.join("crr-proxy-state"))
+            // The agent reads kubelet's feature gates there before a kill.
+            .arg("--kubelet-config")
+            .arg(self.kubelet_config())
             .args(["--log-format", "json", "--metrics-addr", "off"])
             .env("RUST_LOG", "info");
         if self.agent != Agent::Off {
@@ -192,15 +227,9 @@ impl Node {
     fn start_kubelet(&mut self, cluster: &Cluster) -> Result<()> {
         let name = &self.name;
         let pki = &cluster.pki;
-        let pair = pki.client(
-            &format!("kubelet-{name}"),
-            &format!("system:node:{name}"),
-            &["system:nodes"],
-        )?;
-        let kubeconfig = self.dir.join("kubelet.kubeconfig");
-        write_kubeconfig(&kubeconfig, &cluster.server, &pki.ca().cert, &pair)?;
+        let kubeconfig = self.kubelet_kubeconfig();
         let socket = format!("unix://{}", self.proxy_socket().display());
-        let config = self.dir.join("kubelet-config.yaml");
+        let config = self.kubelet_config();
         fs::write(
             &config,
             format!(
