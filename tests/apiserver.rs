@@ -12,12 +12,81 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
 use support::apiserver::{FakeApiServer, Resource, Selector};
+use support::cluster::Cluster;
+
+/// Where a rule is checked: the fake API server, or a namespace of a real
+/// kube-apiserver v1.37 (support::cluster) with crr-proxy's CRD, which
+/// `the_rules_hold_on_the_real_api_server` runs the same scenarios on.
+struct Target {
+    client: kube::Client,
+    /// A client that does not retry 429, 503 and 504.
+    raw: kube::Client,
+    ns: String,
+    _fake: Option<FakeApiServer>,
+}
+
+impl Target {
+    async fn fake() -> Self {
+        let server = FakeApiServer::start().await;
+        Self {
+            client: server.client(),
+            raw: server.client_without_retries(),
+            ns: "default".into(),
+            _fake: Some(server),
+        }
+    }
+
+    /// A fresh namespace `ns` of the real cluster.
+    async fn real(cluster: &mut Cluster, ns: &str) -> Self {
+        tokio::task::block_in_place(|| cluster.namespace(ns)).unwrap();
+        let client = cluster.client().await.unwrap();
+        Self {
+            client: client.clone(),
+            raw: client,
+            ns: ns.into(),
+            _fake: None,
+        }
+    }
+}
+
+/// The scenarios above that use nothing but the API, on a real
+/// kube-apiserver: the fake must agree with it. (The list across all
+/// namespaces in the first one sees the CRRs of the ones before it, so it
+/// runs first.)
+#[tokio::test(flavor = "multi_thread")]
+async fn the_rules_hold_on_the_real_api_server() {
+    let mut cluster = tokio::task::block_in_place(|| {
+        let cluster = Cluster::start().unwrap();
+        let crd = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crd/crd.yaml");
+        cluster
+            .kubectl(&["apply", "-f", crd.to_str().unwrap()])
+            .unwrap();
+        cluster
+            .kubectl(&[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                "crd/containerrecreaterequests.apps.kruise.io",
+            ])
+            .unwrap();
+        cluster
+    });
+    create_get_list_with_selectors_and_status_subresource_on(
+        &Target::real(&mut cluster, "lists").await,
+    )
+    .await;
+    a_stale_resource_version_is_a_conflict_on(&Target::real(&mut cluster, "conflicts").await).await;
+    selectors_follow_the_real_servers_rules_on(&Target::real(&mut cluster, "selectors").await)
+        .await;
+    a_json_patch_applies_only_when_its_tests_hold_on(&Target::real(&mut cluster, "patches").await)
+        .await;
+}
 
 fn crr(name: &str, labels: serde_json::Value) -> ContainerRecreateRequest {
     serde_json::from_value(json!({
         "apiVersion": "apps.kruise.io/v1alpha1",
         "kind": "ContainerRecreateRequest",
-        "metadata": {"name": name, "namespace": "default", "labels": labels},
+        "metadata": {"name": name, "labels": labels},
         "spec": {"podName": "web-0", "containers": [{"name": "app"}]},
         "status": {"phase": "Completed"}
     }))
@@ -26,8 +95,11 @@ fn crr(name: &str, labels: serde_json::Value) -> ContainerRecreateRequest {
 
 #[tokio::test]
 async fn create_get_list_with_selectors_and_status_subresource() {
-    let server = FakeApiServer::start().await;
-    let api: Api<ContainerRecreateRequest> = Api::namespaced(server.client(), "default");
+    create_get_list_with_selectors_and_status_subresource_on(&Target::fake().await).await;
+}
+
+async fn create_get_list_with_selectors_and_status_subresource_on(t: &Target) {
+    let api: Api<ContainerRecreateRequest> = Api::namespaced(t.client.clone(), &t.ns);
     let created = api
         .create(&PostParams::default(), &crr("a", json!({"node": "n1"})))
         .await
@@ -45,7 +117,7 @@ async fn create_get_list_with_selectors_and_status_subresource() {
         .unwrap();
     assert_eq!(listed.items.len(), 1);
     assert_eq!(listed.items[0].metadata.name.as_deref(), Some("a"));
-    let all: Api<ContainerRecreateRequest> = Api::all(server.client());
+    let all: Api<ContainerRecreateRequest> = Api::all(t.client.clone());
     assert_eq!(
         all.list(&ListParams::default().labels("node!=n1"))
             .await
@@ -92,8 +164,11 @@ async fn create_get_list_with_selectors_and_status_subresource() {
 
 #[tokio::test]
 async fn a_stale_resource_version_is_a_conflict() {
-    let server = FakeApiServer::start().await;
-    let api: Api<ContainerRecreateRequest> = Api::namespaced(server.client(), "default");
+    a_stale_resource_version_is_a_conflict_on(&Target::fake().await).await;
+}
+
+async fn a_stale_resource_version_is_a_conflict_on(t: &Target) {
+    let api: Api<ContainerRecreateRequest> = Api::namespaced(t.client.clone(), &t.ns);
     let first = api
         .create(&PostParams::default(), &crr("a", json!({})))
         .await
@@ -500,8 +575,11 @@ async fn discovery_from_the_root_lists_what_is_served() {
 /// fields the kind registers (a custom resource: its name and namespace).
 #[tokio::test]
 async fn selectors_follow_the_real_servers_rules() {
-    let server = FakeApiServer::start().await;
-    let api: Api<ContainerRecreateRequest> = Api::namespaced(server.client(), "default");
+    selectors_follow_the_real_servers_rules_on(&Target::fake().await).await;
+}
+
+async fn selectors_follow_the_real_servers_rules_on(t: &Target) {
+    let api: Api<ContainerRecreateRequest> = Api::namespaced(t.client.clone(), &t.ns);
     for (name, node) in [("a", "n1"), ("b", "n2"), ("c", "n3")] {
         api.create(&PostParams::default(), &crr(name, json!({"node": node})))
             .await
@@ -525,7 +603,9 @@ async fn selectors_follow_the_real_servers_rules() {
     assert_eq!(names("node notin (n1)").await.unwrap(), ["b", "c"]);
     assert_eq!(names("!node").await.unwrap(), Vec::<String>::new());
     assert_eq!(names("node,node!=n2").await.unwrap(), ["a", "c"]);
-    for bad in ["node in n1", "node in ()", "-bad=x", "node=a/b"] {
+    // `()` is the set of the empty value.
+    assert_eq!(names("node in ()").await.unwrap(), Vec::<String>::new());
+    for bad in ["node in n1", "-bad=x", "node=a/b"] {
         match names(bad).await {
             Err(kube::Error::Api(status)) => assert_eq!(status.code, 400, "{bad}: {status:?}"),
             other => panic!("{bad}: {other:?}"),
@@ -542,14 +622,14 @@ async fn selectors_follow_the_real_servers_rules() {
         other => panic!("{other:?}"),
     }
     // Pods register spec.nodeName; Leases nothing beyond the name.
-    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(server.client(), "default");
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(t.client.clone(), &t.ns);
     assert!(
         pods.list(&ListParams::default().fields("spec.nodeName=n1"))
             .await
             .is_ok()
     );
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-        Api::namespaced(server.client(), "default");
+        Api::namespaced(t.client.clone(), &t.ns);
     assert!(
         leases
             .list(&ListParams::default().fields("spec.holderIdentity=x"))
@@ -781,19 +861,23 @@ async fn a_watch_from_zero_starts_at_the_caches_state_and_bookmarks_come_when_as
 
 #[tokio::test]
 async fn a_json_patch_applies_only_when_its_tests_hold() {
-    let server = FakeApiServer::start().await;
-    let api: Api<ContainerRecreateRequest> = Api::namespaced(server.client(), "default");
+    a_json_patch_applies_only_when_its_tests_hold_on(&Target::fake().await).await;
+}
+
+async fn a_json_patch_applies_only_when_its_tests_hold_on(t: &Target) {
+    let api: Api<ContainerRecreateRequest> = Api::namespaced(t.client.clone(), &t.ns);
     let created = api
         .create(&PostParams::default(), &crr("a", json!({"node": "n1"})))
         .await
         .unwrap();
     let rv = created.metadata.resource_version.unwrap();
     let json_patch = |ops: serde_json::Value| {
-        let client = server.client_without_retries();
+        let client = t.raw.clone();
         async move {
-            let request = http::Request::patch(
-                "/apis/apps.kruise.io/v1alpha1/namespaces/default/containerrecreaterequests/a",
-            )
+            let request = http::Request::patch(format!(
+                "/apis/apps.kruise.io/v1alpha1/namespaces/{}/containerrecreaterequests/a",
+                t.ns
+            ))
             .header("content-type", "application/json-patch+json")
             .body(serde_json::to_vec(&ops).unwrap())
             .unwrap();
