@@ -39,19 +39,19 @@ pub(super) async fn standalone_v1beta1_invalid_crrs_are_refused_at_create_or_end
         (
             "grace",
             json!({"strategy": {"terminationGracePeriodSeconds": -5}}),
-            "ContainerRecreateRequest.apps.kruise.io \"grace\" is invalid: spec.strategy.terminationGracePeriodSeconds: Invalid value: -5: spec.strategy.terminationGracePeriodSeconds in body should be greater than or equal to 0",
+            "spec.strategy.terminationGracePeriodSeconds: Invalid value: -5: spec.strategy.terminationGracePeriodSeconds in body should be greater than or equal to 0",
             "terminationGracePeriodSeconds must be non-negative integer",
         ),
         (
             "unready",
             json!({"strategy": {"unreadyGracePeriodSeconds": -1}}),
-            "ContainerRecreateRequest.apps.kruise.io \"unready\" is invalid: spec.strategy.unreadyGracePeriodSeconds: Invalid value: -1: spec.strategy.unreadyGracePeriodSeconds in body should be greater than or equal to 0",
+            "spec.strategy.unreadyGracePeriodSeconds: Invalid value: -1: spec.strategy.unreadyGracePeriodSeconds in body should be greater than or equal to 0",
             "unreadyGracePeriodSeconds must be non-negative integer",
         ),
         (
             "policy",
             json!({"strategy": {"failurePolicy": "Sometimes"}}),
-            "ContainerRecreateRequest.apps.kruise.io \"policy\" is invalid: spec.strategy.failurePolicy: Unsupported value: \"Sometimes\": supported values: \"Fail\", \"Ignore\"",
+            "spec.strategy.failurePolicy: Unsupported value: \"Sometimes\": supported values: \"Fail\", \"Ignore\"",
             "unknown failurePolicy Sometimes",
         ),
     ];
@@ -72,7 +72,11 @@ pub(super) async fn standalone_v1beta1_invalid_crrs_are_refused_at_create_or_end
                 Err(kube::Error::Api(status)) => {
                     assert_eq!(
                         (status.code, status.message.as_str()),
-                        (422, *schema_says),
+                        (
+                            422,
+                            format!("ContainerRecreateRequest.apps.kruise.io {name:?} is invalid: {schema_says}")
+                                .as_str()
+                        ),
                         "{version:?}"
                     );
                 }
@@ -110,7 +114,8 @@ pub(super) async fn standalone_v1beta1_invalid_crrs_are_refused_at_create_or_end
         assert_eq!(
             event["note"],
             format!(
-                "not placed: {webhook_says}; the API server refuses every write to this ContainerRecreateRequest: {schema_says}"
+                "not placed: {webhook_says}; the API server refuses every write to this ContainerRecreateRequest: \
+                 ContainerRecreateRequest.apps.kruise.io {crr:?} is invalid: {schema_says}"
             )
         );
         assert_eq!(event["type"], "Warning");
