@@ -57,18 +57,7 @@ impl Target {
 async fn the_rules_hold_on_the_real_api_server() {
     let mut cluster = tokio::task::block_in_place(|| {
         let cluster = Cluster::start().unwrap();
-        let crd = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crd/crd.yaml");
-        cluster
-            .kubectl(&["apply", "-f", crd.to_str().unwrap()])
-            .unwrap();
-        cluster
-            .kubectl(&[
-                "wait",
-                "--for=condition=Established",
-                "--timeout=60s",
-                "crd/containerrecreaterequests.apps.kruise.io",
-            ])
-            .unwrap();
+        cluster.install("crd/crd.yaml").unwrap();
         cluster
     });
     create_get_list_with_selectors_and_status_subresource_on(

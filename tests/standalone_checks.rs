@@ -52,18 +52,7 @@ async fn bad_crrs_are_refused_at_create_with_the_webhooks_messages() {
 async fn the_real_api_server_refuses_them_alike() {
     let cluster = tokio::task::block_in_place(|| {
         let cluster = Cluster::start().unwrap();
-        let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/standalone");
-        cluster
-            .kubectl(&["apply", "-k", deploy.to_str().unwrap()])
-            .unwrap();
-        cluster
-            .kubectl(&[
-                "wait",
-                "--for=condition=Established",
-                "--timeout=60s",
-                "crd/containerrecreaterequests.apps.kruise.io",
-            ])
-            .unwrap();
+        cluster.install("standalone").unwrap();
         cluster
     });
     let api =

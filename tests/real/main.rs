@@ -78,22 +78,6 @@ fn restart_count(pod: &Value, container: &str) -> i64 {
         .unwrap_or(-1)
 }
 
-/// `kubectl apply -k deploy/standalone`, and waits until the CRD is served.
-fn install_standalone(cluster: &mut Cluster) {
-    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/standalone");
-    cluster
-        .kubectl(&["apply", "-k", deploy.to_str().unwrap()])
-        .unwrap();
-    cluster
-        .kubectl(&[
-            "wait",
-            "--for=condition=Established",
-            "crd/containerrecreaterequests.apps.kruise.io",
-            "--timeout=60s",
-        ])
-        .unwrap();
-}
-
 /// Creates a v1alpha1 CRR for `containers` of Pod `pod`.
 fn create_crr(cluster: &Cluster, namespace: &str, name: &str, pod: &str, containers: &[&str]) {
     let containers: Vec<Value> = containers.iter().map(|c| json!({"name": c})).collect();
@@ -126,4 +110,18 @@ fn wait_crr_completed(cluster: &mut Cluster, namespace: &str, name: &str) -> Val
             },
         )
         .unwrap()
+}
+
+/// Recreates `app` of `pod` in `namespace` through a new CRR and checks that
+/// the real kubelet started it again, its `restarts`th time.
+fn recreate(cluster: &mut Cluster, namespace: &str, crr: &str, pod: &str, restarts: i64) {
+    create_crr(cluster, namespace, crr, pod, &["app"]);
+    let done = wait_crr_completed(cluster, namespace, crr);
+    assert_eq!(
+        done["status"]["containerRecreateStates"],
+        json!([{"name": "app", "phase": "Succeeded", "isKilled": true}]),
+        "{done:#}"
+    );
+    let after = wait_pod_ready(cluster, namespace, pod).unwrap();
+    assert_eq!(restart_count(&after, "app"), restarts, "{after:#}");
 }

@@ -16,7 +16,7 @@ use super::*;
 #[test]
 fn kubectl_crr_restarts_a_real_deployment_in_waves_its_budget_allows() {
     let mut cluster = Cluster::start().unwrap();
-    install_standalone(&mut cluster);
+    cluster.install("standalone").unwrap();
     cluster.namespace("shop").unwrap();
     let _node = Node::start(&mut cluster, "node-a", crr_proxy(), Agent::Standalone).unwrap();
     let mut template = web_pod("shop", "web", "node-a");

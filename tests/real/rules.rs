@@ -52,7 +52,7 @@ fn container_status<'a>(pod: &'a Value, name: &str) -> &'a Value {
 #[test]
 fn the_real_kubelet_restarts_what_crr_proxy_says_it_will() {
     let mut cluster = Cluster::start().unwrap();
-    install_standalone(&mut cluster);
+    cluster.install("standalone").unwrap();
     cluster.namespace("rules").unwrap();
     let _node = Node::start(&mut cluster, "node-a", crr_proxy(), Agent::Standalone).unwrap();
     let rule = |action: &str, code: i32| json!([{"action": action, "exitCodes": {"operator": "In", "values": [code]}}]);
@@ -135,9 +135,41 @@ fn the_real_kubelet_restarts_what_crr_proxy_says_it_will() {
             "{name}: {pod:#}"
         );
     }
-    // Nothing restarted on its own meanwhile: the same two restarts a
-    // second time later.
+    // Nothing restarted on its own meanwhile: the restart counts are the
+    // same a while later.
     std::thread::sleep(Duration::from_secs(5));
     let pod = cluster.get(&["pod", "once", "-n", "rules"]).unwrap();
     assert_eq!(container_status(&pod, "app")["restartCount"], 1, "{pod:#}");
+}
+
+/// A native sidecar (an init container with `restartPolicy: Always`),
+/// recreated like any container: the real kubelet starts it again, and the
+/// Pod's app goes on.
+#[test]
+fn the_real_kubelet_starts_a_recreated_native_sidecar_again() {
+    let mut cluster = Cluster::start().unwrap();
+    cluster.install("standalone").unwrap();
+    cluster.namespace("rules").unwrap();
+    let _node = Node::start(&mut cluster, "node-a", crr_proxy(), Agent::Standalone).unwrap();
+    let mut meshed = pod("meshed", "Always", ending_with("app", 0, Value::Null));
+    meshed["spec"]["containers"] = json!([ending_with("app", 0, Value::Null)]);
+    meshed["spec"]["initContainers"] =
+        json!([ending_with("mesh", 0, json!({"restartPolicy": "Always"}))]);
+    cluster.apply(&meshed.to_string()).unwrap();
+    wait_pod_ready(&mut cluster, "rules", "meshed").unwrap();
+    create_crr(&cluster, "rules", "crr-mesh", "meshed", &["mesh"]);
+    let done = wait_crr_completed(&mut cluster, "rules", "crr-mesh");
+    assert_eq!(
+        done["status"]["containerRecreateStates"],
+        json!([{"name": "mesh", "phase": "Succeeded", "isKilled": true}]),
+        "{done:#}"
+    );
+    let pod = wait_pod_ready(&mut cluster, "rules", "meshed").unwrap();
+    let mesh = pod["status"]["initContainerStatuses"]
+        .as_array()
+        .and_then(|all| all.iter().find(|s| s["name"] == "mesh"))
+        .unwrap_or_else(|| panic!("{pod:#}"));
+    assert_eq!(mesh["restartCount"], 1, "{pod:#}");
+    assert!(mesh["state"]["running"].is_object(), "{pod:#}");
+    assert_eq!(container_status(&pod, "app")["restartCount"], 0, "{pod:#}");
 }

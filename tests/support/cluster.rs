@@ -363,6 +363,24 @@ impl Cluster {
         .map(drop)
     }
 
+    /// `kubectl apply` of one of the repository's `deploy/` paths, as an
+    /// operator applies it (a folder with `-k`, a file with `-f`), then
+    /// waits until the CRR's CRD is served.
+    pub fn install(&self, deploy: &str) -> Result<()> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("deploy")
+            .join(deploy);
+        let how = if path.is_dir() { "-k" } else { "-f" };
+        self.kubectl(&["apply", how, path.to_str().context("a non-UTF-8 path")?])?;
+        self.kubectl(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/containerrecreaterequests.apps.kruise.io",
+        ])
+        .map(drop)
+    }
+
     /// The admin's kubeconfig (system:masters).
     pub fn admin_kubeconfig(&self) -> &Path {
         &self.admin
