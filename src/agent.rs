@@ -178,6 +178,36 @@ async fn kube_config_at(path: &std::path::Path) -> Result<kube::Config, AgentErr
         .map_err(|e| bad(&e))
 }
 
+/// The agent's Kubernetes client, once its configuration can be read: a
+/// named kubeconfig is followed as its credentials change (kubelet's
+/// rotating certificate); without one, the in-cluster or default
+/// configuration. Until then each failure is logged, and tried again after
+/// 1 s, doubling up to a minute.
+async fn client_when_configured(kubeconfig: Option<&std::path::Path>) -> kube::Client {
+    let mut delay = std::time::Duration::from_secs(1);
+    loop {
+        let client = match kubeconfig {
+            Some(path) => credentials::following(path).await,
+            None => match kube::Config::infer().await {
+                Ok(config) => kube::Client::try_from(config).map_err(AgentError::Kube),
+                Err(error) => Err(AgentError::KubeConfig(error.to_string())),
+            },
+        };
+        match client {
+            Ok(client) => return client,
+            Err(error) => {
+                error!(
+                    error = %Chain(&error),
+                    retry_in = ?delay,
+                    "the agent cannot build its Kubernetes client; the proxy serves without it meanwhile"
+                );
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(60));
+            }
+        }
+    }
+}
+
 /// The agent's thread, as the daemon sees it.
 pub struct AgentHandle {
     stop: watch::Sender<bool>,
@@ -194,10 +224,11 @@ impl AgentHandle {
     }
 }
 
-/// Loads the Kubernetes client configuration (a bad kubeconfig fails here,
-/// at start-up) and runs the agent on a thread and runtime of its own.
-/// Reaching the API server is the agent's business alone: the proxy starts
-/// and serves whether or not it answers.
+/// Runs the agent on a thread and runtime of its own. Nothing the agent
+/// needs stops the proxy: a kubeconfig that is missing or bad (kubelet's
+/// before `kubeadm join` has written it) is logged and read again, with a
+/// back-off up to a minute, until it works; reaching the API server is the
+/// agent's business alone. Only a thread that cannot start is an error.
 pub async fn spawn(
     settings: &AgentSettings,
     runtime: &Endpoint,
@@ -205,7 +236,6 @@ pub async fn spawn(
     recreated: Arc<Recreated>,
     metrics: Arc<Metrics>,
 ) -> Result<AgentHandle, AgentError> {
-    let config = kube_config(settings).await?;
     let kills = Records::open(&settings.kills_file).unwrap_or_else(|error| {
         warn!(error = %Chain(&error), "a preStop hook cut short by a restart will run again");
         Records::in_memory()
@@ -235,16 +265,10 @@ pub async fn spawn(
                 }
             };
             runtime.block_on(async move {
-                // A named kubeconfig is followed as its credentials change
-                // (kubelet's rotating certificate).
-                let client = match &kubeconfig {
-                    Some(path) => credentials::following(path).await,
-                    None => kube::Client::try_from(config).map_err(AgentError::Kube),
-                };
-                let client = match client {
-                    Ok(client) => client,
-                    Err(error) => {
-                        error!(error = %Chain(&error), "cannot build the Kubernetes client; the proxy goes on without the agent");
+                let client = tokio::select! {
+                    client = client_when_configured(kubeconfig.as_deref()) => client,
+                    _ = stopping.wait_for(|stop| *stop) => {
+                        let _ = stopped.send(());
                         return;
                     }
                 };
