@@ -163,7 +163,7 @@ fn a_real_kubelet_runs_its_pods_through_crr_proxy_and_rides_out_its_restarts() {
     holds_steady(
         &mut cluster,
         &mut node,
-        Duration::from_secs(15),
+        Duration::from_secs(10),
         "after crr-proxy's kill -9",
     );
     // Stopped as its service stops it, and started.
@@ -172,7 +172,7 @@ fn a_real_kubelet_runs_its_pods_through_crr_proxy_and_rides_out_its_restarts() {
     holds_steady(
         &mut cluster,
         &mut node,
-        Duration::from_secs(15),
+        Duration::from_secs(10),
         "after crr-proxy's restart",
     );
     // containerd restarted behind crr-proxy.
@@ -182,7 +182,7 @@ fn a_real_kubelet_runs_its_pods_through_crr_proxy_and_rides_out_its_restarts() {
     holds_steady(
         &mut cluster,
         &mut node,
-        Duration::from_secs(15),
+        Duration::from_secs(10),
         "after containerd's restart",
     );
     let exec = cluster

@@ -22,6 +22,7 @@ use nix::unistd::Pid;
 
 use super::cluster::{Cluster, Process, binary, free_port, tail, write_kubeconfig};
 use super::containerd::Containerd;
+use super::pki::KeyPair;
 
 /// crr-proxy's agent on a node: `off` (the relay only), `standalone` or
 /// `kruise`, with its own identity `crr-proxy:node:<node>`.
@@ -31,7 +32,9 @@ pub enum Agent {
     Standalone,
     Kruise,
     /// Kruise mode under kubelet's identity (`system:node:<node>`): the
-    /// agent reads kubelet's own kubeconfig.
+    /// agent reads kubelet's own kubeconfig, which names the certificate
+    /// kubelet rotates (one from the cluster's CSR signer, as after
+    /// kubeadm's TLS bootstrap, `rotateCertificates: true`).
     KruiseAsKubelet,
 }
 
@@ -143,19 +146,32 @@ impl Node {
         self.dir.join("kubelet-config.yaml")
     }
 
+    /// kubelet's certificate folder (`--cert-dir`).
+    pub fn kubelet_certificates(&self) -> PathBuf {
+        self.dir.join("kubelet-pki")
+    }
+
     pub fn kubelet_kubeconfig(&self) -> PathBuf {
         self.dir.join("kubelet.kubeconfig")
     }
 
     /// kubelet's client certificate (`system:node:<node>` in
     /// `system:nodes`) and its kubeconfig.
-    fn write_kubelet_kubeconfig(&self, cluster: &Cluster) -> Result<()> {
+    fn write_kubelet_kubeconfig(&self, cluster: &mut Cluster) -> Result<()> {
         let name = &self.name;
-        let pair = cluster.pki.client(
-            &format!("kubelet-{name}"),
-            &format!("system:node:{name}"),
-            &["system:nodes"],
-        )?;
+        let pair = if self.agent == Agent::KruiseAsKubelet {
+            let current = cluster.kubelet_client_certificate(name, &self.kubelet_certificates())?;
+            KeyPair {
+                cert: current.clone(),
+                key: current,
+            }
+        } else {
+            cluster.pki.client(
+                &format!("kubelet-{name}"),
+                &format!("system:node:{name}"),
+                &["system:nodes"],
+            )?
+        };
         write_kubeconfig(
             &self.kubelet_kubeconfig(),
             &cluster.server,
@@ -257,7 +273,9 @@ authentication:
   webhook: {{enabled: true}}
   x509: {{clientCAFile: "{ca}"}}
 authorization: {{mode: Webhook}}
+rotateCertificates: {rotate}
 "#,
+                rotate = self.agent == Agent::KruiseAsKubelet,
                 ip = cluster.host_ip,
                 port = free_port("0.0.0.0")?,
                 logs = self.dir.join("pod-logs").display(),
@@ -274,7 +292,7 @@ authorization: {{mode: Webhook}}
                 .arg("--root-dir")
                 .arg(self.dir.join("kubelet"))
                 .arg("--cert-dir")
-                .arg(self.dir.join("kubelet-pki"))
+                .arg(self.kubelet_certificates())
                 .args(["--hostname-override", name, "--node-ip", &cluster.host_ip])
                 .args(["--v", "2"]),
             &self.kubelet_log(),

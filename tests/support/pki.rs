@@ -116,14 +116,11 @@ impl Pki {
         )
     }
 
-    fn issue(&self, name: &str, subject: &str, extensions: &str) -> Result<KeyPair> {
-        let pair = KeyPair {
-            cert: self.dir.join(format!("{name}.crt")),
-            key: self.dir.join(format!("{name}.key")),
-        };
+    /// A new key and a certificate request for `subject`, named `name`:
+    /// (key, request), for a signer of the cluster's.
+    pub fn request(&self, name: &str, subject: &str) -> Result<(PathBuf, PathBuf)> {
+        let key = self.dir.join(format!("{name}.key"));
         let csr = self.dir.join(format!("{name}.csr"));
-        let ext = self.dir.join(format!("{name}.ext"));
-        fs::write(&ext, extensions)?;
         openssl(&[
             "req",
             "-new",
@@ -135,10 +132,21 @@ impl Pki {
             "-subj",
             subject,
             "-keyout",
-            path(&pair.key)?,
+            path(&key)?,
             "-out",
             path(&csr)?,
         ])?;
+        Ok((key, csr))
+    }
+
+    fn issue(&self, name: &str, subject: &str, extensions: &str) -> Result<KeyPair> {
+        let pair = KeyPair {
+            cert: self.dir.join(format!("{name}.crt")),
+            key: self.dir.join(format!("{name}.key")),
+        };
+        let (_, csr) = self.request(name, subject)?;
+        let ext = self.dir.join(format!("{name}.ext"));
+        fs::write(&ext, extensions)?;
         let ca = self.ca();
         openssl(&[
             "x509",
