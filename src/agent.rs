@@ -162,10 +162,16 @@ pub struct AgentSettings {
 pub async fn kube_config(settings: &AgentSettings) -> Result<kube::Config, AgentError> {
     match &settings.kubeconfig {
         Some(path) => kube_config_at(path).await,
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| AgentError::KubeConfig(e.to_string())),
+        None => inferred_config().await,
     }
+}
+
+/// Without `--kubeconfig`: `$KUBECONFIG` or `~/.kube/config`, else the
+/// in-cluster service account.
+async fn inferred_config() -> Result<kube::Config, AgentError> {
+    kube::Config::infer()
+        .await
+        .map_err(|e| AgentError::KubeConfig(e.to_string()))
 }
 
 /// The Kubernetes client configuration of the kubeconfig at `path`.
@@ -188,10 +194,9 @@ async fn client_when_configured(kubeconfig: Option<&std::path::Path>) -> kube::C
     loop {
         let client = match kubeconfig {
             Some(path) => credentials::following(path).await,
-            None => match kube::Config::infer().await {
-                Ok(config) => kube::Client::try_from(config).map_err(AgentError::Kube),
-                Err(error) => Err(AgentError::KubeConfig(error.to_string())),
-            },
+            None => inferred_config()
+                .await
+                .and_then(|config| kube::Client::try_from(config).map_err(AgentError::Kube)),
         };
         match client {
             Ok(client) => return client,
