@@ -451,10 +451,6 @@ impl Cluster {
         self.controllers.as_mut().map_or(Ok(()), Process::check)
     }
 
-    pub fn apiserver_log(&self) -> &Path {
-        &self.apiserver.log
-    }
-
     /// kubectl as the admin; stdout, or an error with stderr.
     pub fn kubectl(&self, args: &[&str]) -> Result<String> {
         kubectl_as(&self.admin, args, None)

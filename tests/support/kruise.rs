@@ -134,10 +134,6 @@ impl KruiseManager {
         Ok(this)
     }
 
-    pub fn log(&self) -> &std::path::Path {
-        &self.process.log
-    }
-
     /// Fails, with the log's tail, when the manager has exited.
     pub fn check(&mut self) -> Result<()> {
         self.process.check()
