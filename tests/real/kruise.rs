@@ -173,3 +173,99 @@ fn under_kubelets_rotating_identity_the_agent_works_and_the_managers_minute_hold
     let log = std::fs::read_to_string(node.proxy_log()).unwrap();
     assert!(!log.to_lowercase().contains("forbidden"), "{log}");
 }
+
+/// Real parts: OpenKruise's kruise-daemon v1.9.0 running as its DaemonSet
+/// runs it, a Pod on the real node (kruise-system, `control-plane: daemon`,
+/// host network, the runtime's socket under `/hostvarrun`), kruise-manager
+/// v1.9.0 and its webhook, etcd, kube-apiserver, kube-controller-manager,
+/// kubelet, kubectl, containerd, runc. While kruise-daemon runs on the node
+/// it does the node's CRRs and crr-proxy's agent stops nothing; once its Pod
+/// is deleted crr-proxy does them, and no container is stopped twice.
+#[test]
+fn beside_the_real_kruise_daemon_crr_proxy_stands_aside_and_takes_over_when_it_goes() {
+    let mut cluster = Cluster::start().unwrap();
+    let mut manager = KruiseManager::start(&mut cluster).unwrap();
+    cluster.install("kruise").unwrap();
+    cluster.namespace("shop").unwrap();
+    let node = Node::start(&mut cluster, "node-a", crr_proxy(), Agent::Kruise).unwrap();
+    cluster
+        .apply(&web_pod("shop", "web-0", "node-a").to_string())
+        .unwrap();
+    wait_pod_ready(&mut cluster, "shop", "web-0").unwrap();
+
+    let daemon = support::kruise::daemon_pod(&mut cluster, &node).unwrap();
+    let daemon_name = daemon["metadata"]["name"].as_str().unwrap().to_owned();
+    cluster.apply(&daemon.to_string()).unwrap();
+    wait_pod_ready(&mut cluster, "kruise-system", &daemon_name).unwrap();
+    wait_proxy_log(&mut cluster, &node, "crr-proxy's agent stands aside");
+
+    recreate(&mut cluster, "shop", "by-kruise-daemon", "web-0", 1);
+    wait_killers(&mut cluster, "web-0", &["kruise-daemon-crr"]);
+    let log = std::fs::read_to_string(node.proxy_log()).unwrap();
+    assert!(!log.contains("killing container"), "{log}");
+
+    cluster
+        .kubectl(&["delete", "pod", &daemon_name, "-n", "kruise-system"])
+        .unwrap();
+    wait_proxy_log(&mut cluster, &node, "taking up its CRRs");
+    // The CRR kruise-daemon ended is not done again.
+    std::thread::sleep(Duration::from_secs(3));
+    let pod = cluster.get(&["pod", "web-0", "-n", "shop"]).unwrap();
+    assert_eq!(restart_count(&pod, "app"), 1, "{pod:#}");
+
+    recreate(&mut cluster, "shop", "by-crr-proxy", "web-0", 2);
+    wait_killers(&mut cluster, "web-0", &["crr-proxy", "kruise-daemon-crr"]);
+    manager.check().unwrap();
+}
+
+/// Waits (60 s) until crr-proxy's log on `node` says `text`.
+fn wait_proxy_log(cluster: &mut Cluster, node: &Node, text: &str) {
+    cluster
+        .wait(
+            &format!("crr-proxy on {} to log {text:?}", node.name),
+            Duration::from_secs(60),
+            |_| {
+                Ok(std::fs::read_to_string(node.proxy_log())?
+                    .contains(text)
+                    .then_some(()))
+            },
+        )
+        .unwrap();
+}
+
+/// Waits (30 s) until the `Killing` Events of Pod `pod` in shop are those
+/// of `reporters` (sorted), one Event each, then holds for two seconds: a
+/// second stop of the same container would add one.
+fn wait_killers(cluster: &mut Cluster, pod: &str, reporters: &[&str]) {
+    let killers = |c: &mut Cluster| -> Result<Vec<String>> {
+        let events = c.get(&["events", "-n", "shop"])?;
+        let mut found: Vec<String> = events["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| e["reason"] == "Killing" && e["involvedObject"]["name"] == pod)
+            .map(|e| {
+                let reporter = e["reportingComponent"].as_str().unwrap_or_default();
+                if reporter.is_empty() {
+                    e["source"]["component"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned()
+                } else {
+                    reporter.to_owned()
+                }
+            })
+            .collect();
+        found.sort();
+        Ok(found)
+    };
+    cluster
+        .wait(
+            &format!("Killing events from {reporters:?}"),
+            Duration::from_secs(30),
+            |c| Ok((killers(c)? == reporters).then_some(())),
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(killers(cluster).unwrap(), reporters);
+}

@@ -19,7 +19,9 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 
-use super::cluster::{Cluster, Process, free_port};
+use super::cluster::{Cluster, Process, free_port, write_kubeconfig};
+use super::node::Node;
+use super::pki::KeyPair;
 
 const BINARIES_ENV: &str = "CRR_TEST_KRUISE";
 /// The one webhook kept: kruise's CRR defaulting and checks.
@@ -138,4 +140,89 @@ impl KruiseManager {
     pub fn check(&mut self) -> Result<()> {
         self.process.check()
     }
+}
+
+/// Where the kruise-daemon Pod finds its kubeconfig and certificates.
+const DAEMON_CONFIG: &str = "/etc/kruise-daemon";
+
+/// OpenKruise's real kruise-daemon as its DaemonSet runs it on `node`: a Pod
+/// in kruise-system, labelled `control-plane: daemon`, service account
+/// `kruise-daemon`, host network, `NODE_NAME` from the Pod's node, and the
+/// runtime's socket at `/hostvarrun/containerd.sock` (the chart mounts the
+/// host's `/var/run` there; here the node's private containerd, straight,
+/// not through crr-proxy). The image is the suite's busybox with the
+/// daemon's binary mounted from the test cache, and it talks to the API
+/// server as the cluster's admin (the chart gives it a service account and
+/// the daemon's ClusterRole; this cluster runs no kube-proxy for the
+/// in-cluster address). Apply the manifest returned; its readiness is the
+/// daemon's own `/healthz`, which waits for its CRR informer.
+pub fn daemon_pod(cluster: &mut Cluster, node: &Node) -> Result<Value> {
+    let binaries = folder()?;
+    cluster.apply(
+        r#"{"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": "kruise-daemon", "namespace": "kruise-system"}}"#,
+    )?;
+    let config = node.dir.join("kruise-daemon");
+    fs::create_dir_all(&config)?;
+    let admin = cluster
+        .pki
+        .client("kruise-daemon", "kubernetes-admin", &["system:masters"])?;
+    fs::copy(cluster.pki.ca().cert, config.join("ca.pem"))?;
+    fs::copy(&admin.cert, config.join("cert.pem"))?;
+    fs::copy(&admin.key, config.join("key.pem"))?;
+    let inside = std::path::Path::new(DAEMON_CONFIG);
+    write_kubeconfig(
+        &config.join("kubeconfig"),
+        &cluster.server,
+        &inside.join("ca.pem"),
+        &KeyPair {
+            cert: inside.join("cert.pem"),
+            key: inside.join("key.pem"),
+        },
+    )?;
+    let health = free_port("127.0.0.1")?;
+    Ok(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": format!("kruise-daemon-{}", node.name),
+            "namespace": "kruise-system",
+            "labels": {"control-plane": "daemon"}
+        },
+        "spec": {
+            "nodeName": node.name,
+            "hostNetwork": true,
+            "serviceAccountName": "kruise-daemon",
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 10,
+            "containers": [{
+                "name": "daemon",
+                "image": super::images::BUSYBOX_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": [
+                    "/opt/kruise/kruise-daemon",
+                    format!("--kubeconfig={DAEMON_CONFIG}/kubeconfig"),
+                    format!("--addr=127.0.0.1:{health}"),
+                    "--enable-pprof=false",
+                    "--logtostderr=true",
+                    "-v=4"
+                ],
+                "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+                "readinessProbe": {
+                    "httpGet": {"host": "127.0.0.1", "port": health, "path": "/healthz"},
+                    "periodSeconds": 1
+                },
+                "volumeMounts": [
+                    {"name": "binaries", "mountPath": "/opt/kruise", "readOnly": true},
+                    {"name": "config", "mountPath": DAEMON_CONFIG, "readOnly": true},
+                    {"name": "runtime", "mountPath": "/hostvarrun/containerd.sock"}
+                ]
+            }],
+            "volumes": [
+                {"name": "binaries", "hostPath": {"path": binaries, "type": "Directory"}},
+                {"name": "config", "hostPath": {"path": config, "type": "Directory"}},
+                {"name": "runtime", "hostPath": {"path": node.containerd.socket(), "type": "Socket"}}
+            ]
+        }
+    }))
 }
