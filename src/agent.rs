@@ -169,9 +169,11 @@ pub async fn kube_config(settings: &AgentSettings) -> Result<kube::Config, Agent
 /// Without `--kubeconfig`: `$KUBECONFIG` or `~/.kube/config`, else the
 /// in-cluster service account.
 async fn inferred_config() -> Result<kube::Config, AgentError> {
-    kube::Config::infer()
+    let mut config = kube::Config::infer()
         .await
-        .map_err(|e| AgentError::KubeConfig(e.to_string()))
+        .map_err(|e| AgentError::KubeConfig(e.to_string()))?;
+    crate::version::identify(&mut config, "agent");
+    Ok(config)
 }
 
 /// The Kubernetes client configuration of the kubeconfig at `path`.
@@ -179,9 +181,12 @@ async fn kube_config_at(path: &std::path::Path) -> Result<kube::Config, AgentErr
     let bad =
         |e: &dyn std::fmt::Display| AgentError::KubeConfig(format!("{}: {e}", path.display()));
     let kubeconfig = Kubeconfig::read_from(path).map_err(|e| bad(&e))?;
-    kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .map_err(|e| bad(&e))
+    let mut config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| bad(&e))?;
+    crate::version::identify(&mut config, "agent");
+    Ok(config)
 }
 
 /// The agent's Kubernetes client, once its configuration can be read: a

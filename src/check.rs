@@ -693,7 +693,8 @@ async fn kubernetes(
     report: &mut Report,
 ) -> Option<Result<Layered, String>> {
     let config = match agent::kube_config(settings).await {
-        Ok(config) => {
+        Ok(mut config) => {
+            crate::version::identify(&mut config, "check");
             report.add(
                 "kubeconfig",
                 Ok(format!("API server {}", config.cluster_url)),

@@ -475,6 +475,8 @@ async fn connect(cluster: &Cluster) -> Result<(kube::Client, String), RestartErr
         .namespace
         .clone()
         .unwrap_or_else(|| config.default_namespace.clone());
+    let mut config = config;
+    crate::version::identify(&mut config, "restart");
     let client = kube::Client::try_from(config)?;
     Ok((client, namespace))
 }

@@ -233,7 +233,7 @@ async fn without_an_api_server_the_proxy_serves_but_is_not_ready() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kruise_mode_serves_probes_once_the_crr_watch_has_synced() {
+async fn kruise_mode_serves_probes_once_the_crr_watch_has_synced_and_names_itself() {
     let api = support::apiserver::FakeApiServer::start().await;
     let upstream = FakeUpstream::start();
     let listen = support::temp_socket("agent");
@@ -246,6 +246,13 @@ async fn kruise_mode_serves_probes_once_the_crr_watch_has_synced() {
     assert_eq!(probe(&addr, "/metrics").await, 200);
     // The proxy serves alongside.
     assert_proxies(&listen).await;
+    // Its requests say who sent them, for the API server's logs.
+    let named = format!(
+        "crr-proxy/{} (agent; commit {})",
+        crr_proxy::version::VERSION,
+        crr_proxy::version::COMMIT
+    );
+    assert_eq!(api.user_agents(), [named].into());
     kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
     assert!(child.wait().unwrap().success());
     support::remove_socket_dir(&listen);

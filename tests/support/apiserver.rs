@@ -418,6 +418,8 @@ struct Inner {
     delivered: Arc<Mutex<HashMap<Resource, u64>>>,
     /// HTTP requests served so far, by method (a watch is a `WATCH`).
     requests: Mutex<BTreeMap<String, u64>>,
+    /// The User-Agent headers requests came with.
+    user_agents: Mutex<std::collections::BTreeSet<String>>,
     /// Which CRR versions are served, and how they convert.
     crr_versions: Mutex<CrrVersions>,
     /// CRDValidationRatcheting (beta 1.30, GA 1.33): an update may keep an
@@ -534,6 +536,7 @@ impl FakeApiServer {
             partitioned: Mutex::new(Vec::new()),
             delivered: Arc::default(),
             requests: Mutex::default(),
+            user_agents: Mutex::default(),
             watches: Mutex::new(Watches::default()),
             writes: Mutex::new(Vec::new()),
             expired: Arc::default(),
@@ -739,6 +742,11 @@ impl FakeApiServer {
     /// The HTTP requests served so far, by method (`WATCH` for a watch).
     pub fn requests(&self) -> BTreeMap<String, u64> {
         lock(&self.inner.requests).clone()
+    }
+
+    /// The User-Agent headers requests have come with so far.
+    pub fn user_agents(&self) -> std::collections::BTreeSet<String> {
+        lock(&self.inner.user_agents).clone()
     }
 
     /// How many watches ended with `410 Expired` so far.

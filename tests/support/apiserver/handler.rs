@@ -81,6 +81,10 @@ impl FakeApiServer {
             parts.method.to_string()
         };
         *lock(&self.inner.requests).entry(method).or_default() += 1;
+        if let Some(agent) = parts.headers.get(hyper::header::USER_AGENT) {
+            lock(&self.inner.user_agents)
+                .insert(String::from_utf8_lossy(agent.as_bytes()).into_owned());
+        }
         if path == ["version"] {
             let info = json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0", "gitCommit": "fake",
                 "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.24",
