@@ -48,6 +48,7 @@ use serde_json::json;
 use support::apiserver::{FakeApiServer, Resource};
 use support::containerd::Containerd;
 use support::kubelet::{ContainerSpec, CrashLoopBackOff, Kubelet, PodSpec};
+use support::procfs::{cpu_seconds, rss_mib, status_mib};
 use support::roles::{KruiseManager, NAMESPACE, wait_for};
 
 const ROUNDS: usize = 10;
@@ -690,41 +691,6 @@ fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .unwrap_or(10222)
-}
-
-fn rss_mib(pid: u32) -> f64 {
-    status_mib(pid, "VmRSS:")
-}
-
-/// A memory figure of `/proc/<pid>/status` (`field` with its colon), in MiB.
-fn status_mib(pid: u32, field: &str) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0.0);
-    kib / 1024.0
-}
-
-/// User + system CPU seconds of `pid` so far.
-/// A process's CPU seconds, with those of the children it has waited for.
-fn cpu_seconds(pid: u32, children: bool) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may hold spaces) start at state.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // utime, stime, cutime, cstime are fields 14 to 17 of the full line:
-    // 11 to 14 here.
-    let own = ticks(11) + ticks(12);
-    let reaped = if children { ticks(13) + ticks(14) } else { 0.0 };
-    (own + reaped) / 100.0
 }
 
 /// A child process killed when dropped.

@@ -2,12 +2,17 @@
 # The benchmark in one command: installs containerd, runc, busybox-static
 # and socat when missing, and grpcio in a virtualenv under target/ (the
 # second, independent client), then runs benches/latency.rs (release
-# build), which starts its own private containerd. As root.
+# build), which starts its own private containerd; then builds (or finds
+# cached) Kubernetes and OpenKruise as the test command does and runs
+# benches/beside_kruise.rs, crr-proxy's agent beside kruise-daemon on a
+# private real cluster (CRR_BENCH_SIDE=0 skips it). As root.
 #
 #   scripts/bench.sh            CRR_BENCH_CALLS=20000 scripts/bench.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/deps.sh
+source scripts/lib/kube.sh
+source scripts/lib/kruise.sh
 ensure_root
 ensure_packages
 command -v socat >/dev/null || {
@@ -26,4 +31,9 @@ if [[ ! -x $venv/bin/python ]] || ! "$venv/bin/python" -c 'import grpc' 2>/dev/n
   }
   "$venv/bin/pip" install -q grpcio
 fi
-CRR_BENCH_PYTHON=$PWD/$venv/bin/python exec cargo bench --locked --bench latency
+CRR_BENCH_PYTHON=$PWD/$venv/bin/python cargo bench --locked --bench latency
+if [[ ${CRR_BENCH_SIDE:-100} != 0 ]]; then
+  ensure_kubernetes
+  ensure_kruise
+  cargo bench --locked --bench beside_kruise
+fi

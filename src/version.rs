@@ -19,8 +19,7 @@ pub const LONG: &str = concat!(
 /// Names crr-proxy to the API server in `config`'s requests, as client-go
 /// names its programs: `crr-proxy/<version> (<part>; commit <commit>)`,
 /// `part` being `agent`, `check` or `restart`. The API server's request
-/// log and audit events show it, and flow-control rules can match it;
-/// kube's client sends none of its own.
+/// log and audit events show it; kube's client sends none of its own.
 pub fn identify(config: &mut kube::Config, part: &str) {
     let agent = format!("crr-proxy/{VERSION} ({part}; commit {COMMIT})");
     if let Ok(value) = http::HeaderValue::from_str(&agent) {

@@ -193,7 +193,7 @@ fn beside_the_real_kruise_daemon_crr_proxy_stands_aside_and_takes_over_when_it_g
         .unwrap();
     wait_pod_ready(&mut cluster, "shop", "web-0").unwrap();
 
-    let daemon = support::kruise::daemon_pod(&mut cluster, &node).unwrap();
+    let daemon = support::kruise::daemon_pod(&mut cluster, &node, None).unwrap();
     let daemon_name = daemon["metadata"]["name"].as_str().unwrap().to_owned();
     cluster.apply(&daemon.to_string()).unwrap();
     wait_pod_ready(&mut cluster, "kruise-system", &daemon_name).unwrap();

@@ -8,6 +8,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod fakes;
 mod kruise;
 mod relay;
 mod restart;

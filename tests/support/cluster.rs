@@ -268,6 +268,17 @@ impl Cluster {
             .arg(&serving.key)
             .arg("--client-ca-file")
             .arg(&pki.ca().cert)
+            // A front proxy may name the user (support::front), as
+            // kube-aggregator does.
+            .arg("--requestheader-client-ca-file")
+            .arg(&pki.ca().cert)
+            .args([
+                "--requestheader-allowed-names",
+                super::front::FRONT_PROXY_NAME,
+            ])
+            .args(["--requestheader-username-headers", "X-Remote-User"])
+            .args(["--requestheader-group-headers", "X-Remote-Group"])
+            .args(["--requestheader-extra-headers-prefix", "X-Remote-Extra-"])
             .arg("--service-account-key-file")
             .arg(pki.service_account_public())
             .arg("--service-account-signing-key-file")

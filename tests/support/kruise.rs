@@ -154,9 +154,10 @@ const DAEMON_CONFIG: &str = "/etc/kruise-daemon";
 /// daemon's binary mounted from the test cache, and it talks to the API
 /// server as the cluster's admin (the chart gives it a service account and
 /// the daemon's ClusterRole; this cluster runs no kube-proxy for the
-/// in-cluster address). Apply the manifest returned; its readiness is the
-/// daemon's own `/healthz`, which waits for its CRR informer.
-pub fn daemon_pod(cluster: &mut Cluster, node: &Node) -> Result<Value> {
+/// in-cluster address), or through `front` (a plain-HTTP front proxy,
+/// support::front) when given. Apply the manifest returned; its readiness
+/// is the daemon's own `/healthz`, which waits for its CRR informer.
+pub fn daemon_pod(cluster: &mut Cluster, node: &Node, front: Option<&str>) -> Result<Value> {
     let binaries = folder()?;
     cluster.apply(
         r#"{"apiVersion": "v1", "kind": "ServiceAccount",
@@ -171,15 +172,19 @@ pub fn daemon_pod(cluster: &mut Cluster, node: &Node) -> Result<Value> {
     fs::copy(&admin.cert, config.join("cert.pem"))?;
     fs::copy(&admin.key, config.join("key.pem"))?;
     let inside = std::path::Path::new(DAEMON_CONFIG);
-    write_kubeconfig(
-        &config.join("kubeconfig"),
-        &cluster.server,
-        &inside.join("ca.pem"),
-        &KeyPair {
-            cert: inside.join("cert.pem"),
-            key: inside.join("key.pem"),
-        },
-    )?;
+    if let Some(server) = front {
+        super::node::plain_kubeconfig(&config.join("kubeconfig"), server)?;
+    } else {
+        write_kubeconfig(
+            &config.join("kubeconfig"),
+            &cluster.server,
+            &inside.join("ca.pem"),
+            &KeyPair {
+                cert: inside.join("cert.pem"),
+                key: inside.join("key.pem"),
+            },
+        )?;
+    }
     let health = free_port("127.0.0.1")?;
     Ok(json!({
         "apiVersion": "v1",
@@ -204,8 +209,7 @@ pub fn daemon_pod(cluster: &mut Cluster, node: &Node) -> Result<Value> {
                     format!("--kubeconfig={DAEMON_CONFIG}/kubeconfig"),
                     format!("--addr=127.0.0.1:{health}"),
                     "--enable-pprof=false",
-                    "--logtostderr=true",
-                    "-v=4"
+                    "--logtostderr=true"
                 ],
                 "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
                 "readinessProbe": {

@@ -56,6 +56,8 @@ pub struct Node {
     crr_proxy: PathBuf,
     agent: Agent,
     proxy: Option<Process>,
+    /// crr-proxy's `--metrics-addr`, on loopback.
+    metrics: String,
     kubelet: Option<Process>,
     bridge: String,
     pub containerd: Containerd,
@@ -98,6 +100,7 @@ impl Node {
             crr_proxy: crr_proxy.to_owned(),
             agent,
             proxy: None,
+            metrics: format!("127.0.0.1:{}", free_port("127.0.0.1")?),
             kubelet: None,
             bridge,
             containerd,
@@ -140,6 +143,15 @@ impl Node {
             Agent::KruiseAsKubelet => self.kubelet_kubeconfig(),
             _ => self.dir.join("crr-proxy.kubeconfig"),
         }
+    }
+
+    /// Points crr-proxy's agent at `server`, a plain-HTTP front proxy
+    /// that names the agent's user itself (support::front), and starts
+    /// crr-proxy again.
+    pub fn agent_through(&mut self, server: &str) -> Result<()> {
+        plain_kubeconfig(&self.agent_kubeconfig(), server)?;
+        self.stop_proxy();
+        self.start_proxy()
     }
 
     pub fn kubelet_config(&self) -> PathBuf {
@@ -196,7 +208,7 @@ impl Node {
             // The agent reads kubelet's feature gates there before a kill.
             .arg("--kubelet-config")
             .arg(self.kubelet_config())
-            .args(["--log-format", "json", "--metrics-addr", "off"])
+            .args(["--log-format", "json", "--metrics-addr", &self.metrics])
             .env("RUST_LOG", "info");
         if self.agent != Agent::Off {
             command.arg("--kubeconfig").arg(self.agent_kubeconfig());
@@ -221,6 +233,31 @@ impl Node {
             std::thread::sleep(Duration::from_millis(10));
         }
         Ok(())
+    }
+
+    /// crr-proxy's `/metrics` text.
+    pub fn proxy_metrics(&self) -> Result<String> {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(&self.metrics)?;
+        write!(
+            stream,
+            "GET /metrics HTTP/1.0\r\nHost: {}\r\n\r\n",
+            self.metrics
+        )?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer)?;
+        let (head, body) = answer
+            .split_once("\r\n\r\n")
+            .context("no HTTP answer from /metrics")?;
+        if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
+            bail!("/metrics: {head}");
+        }
+        Ok(body.to_owned())
+    }
+
+    /// crr-proxy's process id, while it runs.
+    pub fn proxy_pid(&self) -> Option<u32> {
+        self.proxy.as_ref().and_then(Process::pid)
     }
 
     /// `kill -9` crr-proxy: kubelet's connection breaks mid-stream.
@@ -406,4 +443,19 @@ impl Drop for Node {
             .args(["link", "del", &self.bridge])
             .status();
     }
+}
+
+/// A kubeconfig that names `server` (plain HTTP) and no credentials.
+pub fn plain_kubeconfig(path: &Path, server: &str) -> Result<()> {
+    fs::write(
+        path,
+        format!(
+            "apiVersion: v1\nkind: Config\n\
+             clusters: [{{name: front, cluster: {{server: \"{server}\"}}}}]\n\
+             users: [{{name: u, user: {{}}}}]\n\
+             contexts: [{{name: c, context: {{cluster: front, user: u}}}}]\n\
+             current-context: c\n"
+        ),
+    )?;
+    Ok(())
 }
