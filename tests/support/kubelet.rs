@@ -400,6 +400,14 @@ impl Kubelet {
             .expect("RunPodSandbox")
             .into_inner()
             .pod_sandbox_id;
+        // As kubelet's SyncPod does at once after creating a sandbox, for
+        // its IPs (`kuberuntime_manager.go`); crr-proxy edits this answer.
+        cri.pod_sandbox_status(PodSandboxStatusRequest {
+            pod_sandbox_id: sandbox_id.clone(),
+            verbose: false,
+        })
+        .await
+        .expect("PodSandboxStatus");
         let mut run = PodRun {
             spec: spec.clone(),
             uid,
