@@ -383,8 +383,10 @@ const ACTIVATE: &str = r#"
 import os, socket, sys
 path, binary = sys.argv[1], sys.argv[2]
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-s.bind(path)
+# Listening before the path appears: a client that sees it can connect.
+s.bind(path + ".new")
 s.listen(128)
+os.rename(path + ".new", path)
 os.dup2(s.fileno(), 3)
 os.set_inheritable(3, True)
 os.environ["LISTEN_FDS"] = "1"
@@ -425,34 +427,8 @@ async fn serves_the_socket_passed_by_systemd() {
     support::remove_socket_dir(&activated);
 }
 
-/// Plays systemd's part for a socket-activated service: holds the listening
-/// socket and (re)starts crr-proxy with it as fd 3, on each "restart" line.
-const SUPERVISE: &str = r#"
-import os, signal, socket, subprocess, sys
-path, binary, args = sys.argv[1], sys.argv[2], sys.argv[3:]
-s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-s.bind(path)
-s.listen(4096)
-fd = s.fileno()
-def setup():
-    os.dup2(fd, 3)
-    os.environ["LISTEN_FDS"] = "1"
-    os.environ["LISTEN_PID"] = str(os.getpid())
-def start():
-    return subprocess.Popen([binary] + args, preexec_fn=setup, pass_fds=(3,))
-child = start()
-for line in sys.stdin:
-    if line.strip() == "restart":
-        child.send_signal(signal.SIGTERM)
-        child.wait()
-        child = start()
-child.send_signal(signal.SIGTERM)
-child.wait()
-"#;
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarts_under_load_lose_no_call_with_socket_activation() {
-    use std::io::Write;
     const RESTARTS: usize = 6;
     let upstream = FakeUpstream::start();
     let listen = support::temp_socket("restart");
@@ -476,20 +452,20 @@ async fn restarts_under_load_lose_no_call_with_socket_activation() {
             }
         }
     });
-    let mut supervisor = Command::new("python3")
-        .args(["-c", SUPERVISE])
-        .arg(&listen)
-        .arg(env!("CARGO_BIN_EXE_crr-proxy"))
-        .args([
-            "run",
-            "--runtime-endpoint",
-            &upstream.endpoint().to_string(),
-        ])
-        .env("NOTIFY_SOCKET", &notify_path)
-        .env("CRR_PROXY_LOG", "warn")
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut supervisor = support::activation::supervised(
+        &listen,
+        std::time::Duration::ZERO,
+        std::path::Path::new(env!("CARGO_BIN_EXE_crr-proxy")),
+    )
+    .args([
+        "run",
+        "--runtime-endpoint",
+        &upstream.endpoint().to_string(),
+    ])
+    .env("NOTIFY_SOCKET", &notify_path)
+    .env("CRR_PROXY_LOG", "warn")
+    .spawn()
+    .unwrap();
     support::wait_for_path(&listen);
 
     // Continuous load, retrying nothing: a new connection per call (our own
@@ -534,15 +510,14 @@ async fn restarts_under_load_lose_no_call_with_socket_activation() {
             (ok, failed)
         }
     });
-    let stdin = supervisor.stdin.as_mut().unwrap();
+    let supervisor_pid = Pid::from_raw(supervisor.id() as i32);
     for _ in 0..RESTARTS {
         tokio::time::sleep(std::time::Duration::from_millis(550)).await;
-        stdin.write_all(b"restart\n").unwrap();
-        stdin.flush().unwrap();
+        kill(supervisor_pid, Signal::SIGHUP).unwrap();
     }
     let (ok, failed) = load.await.unwrap();
     let (grpcio_ok, grpcio_failed) = grpcio.await.unwrap();
-    drop(supervisor.stdin.take());
+    kill(supervisor_pid, Signal::SIGTERM).unwrap();
     assert!(supervisor.wait().unwrap().success());
     done.store(true, Ordering::SeqCst);
     let states = states.join().unwrap();

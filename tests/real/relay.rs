@@ -251,3 +251,60 @@ fn port_forward_get(cluster: &Cluster, namespace: &str, pod: &str, port: u16) ->
     drop(output);
     page
 }
+
+/// Real parts: etcd, kube-apiserver, kube-controller-manager, kubelet,
+/// kubectl, containerd, runc, Debian's CNI bridge plugin; systemd's socket
+/// activation played by support::activation. crr-proxy restarted five times
+/// by its service's own mechanism, down a second each time (`RestartSec=1`)
+/// while the socket is kept: kubelet's calls wait in the socket's backlog,
+/// so kubelet logs no failed CRI call at all, the node stays Ready and the
+/// Pod (probed by exec and HTTP) never restarts.
+#[test]
+fn restarted_with_its_socket_kept_crr_proxy_fails_no_call_of_kubelets() {
+    let mut cluster = Cluster::start().unwrap();
+    cluster.namespace("relay").unwrap();
+    let mut node = Node::start_activated(&mut cluster, "node-a", crr_proxy(), Agent::Off).unwrap();
+    cluster
+        .apply(&web_pod("relay", "web", "node-a").to_string())
+        .unwrap();
+    wait_pod_ready(&mut cluster, "relay", "web").unwrap();
+    // kubelet's start-up is over (its first calls may meet a runtime that
+    // is still starting): from here on, no failure at all.
+    std::thread::sleep(SETTLE);
+    let from = kubelet_log(&node).len();
+    for restart in 1..=5 {
+        node.restart_proxy().unwrap();
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(3) {
+            node.check().unwrap();
+            assert!(
+                node_ready(&cluster, &node.name).unwrap(),
+                "node not Ready after restart {restart}"
+            );
+            let pod = cluster.get(&["pod", "web", "-n", "relay"]).unwrap();
+            assert_eq!(restart_count(&pod, "app"), 0, "{pod:#}");
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+    let exec = cluster
+        .kubectl(&["exec", "web", "-n", "relay", "--", "echo", "through"])
+        .unwrap();
+    assert_eq!(exec, "through\n");
+    let log = kubelet_log(&node);
+    let failed: Vec<&str> = log[from..]
+        .lines()
+        .filter(|l| l.contains("rpc error"))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "kubelet's failed CRI calls across restarts with the socket kept:\n{}",
+        failed.join("\n")
+    );
+    // Each restart was one: the supervisor started crr-proxy six times.
+    let proxy_log = std::fs::read_to_string(node.proxy_log()).unwrap();
+    assert_eq!(
+        proxy_log.matches("socket passed by systemd").count(),
+        6,
+        "{proxy_log}"
+    );
+}

@@ -2,6 +2,7 @@
 //! HTTP/2 client and a deterministic in-test gRPC upstream.
 #![allow(dead_code)] // each test binary uses a different part
 
+pub mod activation;
 pub mod apiserver;
 pub mod cluster;
 pub mod containerd;

@@ -56,6 +56,9 @@ pub struct Node {
     crr_proxy: PathBuf,
     agent: Agent,
     proxy: Option<Process>,
+    /// crr-proxy runs socket-activated, under support::activation's
+    /// supervisor (which `proxy` is then).
+    activated: bool,
     /// crr-proxy's `--metrics-addr`, on loopback.
     metrics: String,
     kubelet: Option<Process>,
@@ -71,6 +74,28 @@ impl Node {
         name: &str,
         crr_proxy: &Path,
         agent: Agent,
+    ) -> Result<Self> {
+        Self::start_with(cluster, name, crr_proxy, agent, false)
+    }
+
+    /// As [`Node::start`], with crr-proxy socket-activated: its socket held
+    /// by a supervisor, as crr-proxy.socket holds it (support::activation),
+    /// so that [`Node::restart_proxy`] keeps it.
+    pub fn start_activated(
+        cluster: &mut Cluster,
+        name: &str,
+        crr_proxy: &Path,
+        agent: Agent,
+    ) -> Result<Self> {
+        Self::start_with(cluster, name, crr_proxy, agent, true)
+    }
+
+    fn start_with(
+        cluster: &mut Cluster,
+        name: &str,
+        crr_proxy: &Path,
+        agent: Agent,
+        activated: bool,
     ) -> Result<Self> {
         binary("kubelet")?;
         static NEXT: AtomicUsize = AtomicUsize::new(0);
@@ -100,6 +125,7 @@ impl Node {
             crr_proxy: crr_proxy.to_owned(),
             agent,
             proxy: None,
+            activated,
             metrics: format!("127.0.0.1:{}", free_port("127.0.0.1")?),
             kubelet: None,
             bridge,
@@ -195,7 +221,16 @@ impl Node {
     /// Starts crr-proxy on its socket (again, after [`Self::kill_proxy`]),
     /// and waits for the socket.
     pub fn start_proxy(&mut self) -> Result<()> {
-        let mut command = Command::new(&self.crr_proxy);
+        let mut command = if self.activated {
+            // crr-proxy.service's RestartSec.
+            super::activation::supervised(
+                &self.proxy_socket(),
+                Duration::from_secs(1),
+                &self.crr_proxy,
+            )
+        } else {
+            Command::new(&self.crr_proxy)
+        };
         command
             .arg("run")
             .arg("--listen")
@@ -258,6 +293,21 @@ impl Node {
     /// crr-proxy's process id, while it runs.
     pub fn proxy_pid(&self) -> Option<u32> {
         self.proxy.as_ref().and_then(Process::pid)
+    }
+
+    /// Restarts a socket-activated crr-proxy as systemd restarts its
+    /// service: stopped (SIGTERM: drain, then exit) and, a second later
+    /// (`RestartSec=1`), started again, while the supervisor keeps the
+    /// socket.
+    pub fn restart_proxy(&self) -> Result<()> {
+        if !self.activated {
+            bail!("crr-proxy is not socket-activated on {}", self.name);
+        }
+        let pid = self
+            .proxy_pid()
+            .context("crr-proxy's supervisor is not running")?;
+        kill(Pid::from_raw(pid as i32), Signal::SIGHUP)?;
+        Ok(())
     }
 
     /// `kill -9` crr-proxy: kubelet's connection breaks mid-stream.
