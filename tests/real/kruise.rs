@@ -269,3 +269,176 @@ fn wait_killers(cluster: &mut Cluster, pod: &str, reporters: &[&str]) {
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(killers(cluster).unwrap(), reporters);
 }
+
+/// A Pod for OpenKruise's e2e scenarios (`test/e2e/apps/v1alpha1/
+/// containerrecreate.go`): `app` serves HTTP, is probed for readiness,
+/// waits 3 s in postStart and 4 s in preStop (kruise's e2e: 5 and 8);
+/// `sidecar` idles. Both end at once on SIGTERM.
+fn e2e_pod(name: &str) -> Value {
+    let mut pod = web_pod("shop", name, "node-a");
+    let app = &mut pod["spec"]["containers"][0];
+    app["lifecycle"] = json!({
+        "postStart": {"exec": {"command": ["sleep", "3"]}},
+        "preStop": {"exec": {"command": ["sleep", "4"]}}
+    });
+    pod["spec"]["terminationGracePeriodSeconds"] = json!(30);
+    pod["spec"]["containers"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({
+            "name": "sidecar", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+            "command": ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]
+        }));
+    pod
+}
+
+/// A container's status in a Pod.
+fn container<'a>(pod: &'a Value, name: &str) -> &'a Value {
+    pod["status"]["containerStatuses"]
+        .as_array()
+        .and_then(|all| all.iter().find(|s| s["name"] == name))
+        .unwrap_or(&Value::Null)
+}
+
+/// Seconds between two RFC 3339 stamps (`later - earlier`).
+fn seconds_between(earlier: &Value, later: &Value) -> i64 {
+    let at = |v: &Value| {
+        v.as_str()
+            .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+            .unwrap_or_else(|| panic!("not a time: {v}"))
+            .as_second()
+    };
+    at(later) - at(earlier)
+}
+
+/// Real parts: kruise-manager v1.9.0 and its webhook, etcd,
+/// kube-apiserver, kube-controller-manager, kubelet, kubectl, containerd,
+/// runc; crr-proxy's kruise agent in kruise-daemon's place. Three of
+/// OpenKruise's own CRR e2e scenarios, with their checks (times shortened
+/// with the hooks): 1a (one container, `minStartedSeconds`, the TTL), 3a
+/// (the app's preStop runs whole and the kills are one after the other),
+/// 2b (`orderedRecreate`: the sidecar is stopped only once the app is
+/// running again and ready).
+#[test]
+fn openkruises_own_crr_scenarios_hold_on_the_real_manager() {
+    let mut cluster = Cluster::start().unwrap();
+    let mut manager = KruiseManager::start(&mut cluster).unwrap();
+    cluster.install("kruise").unwrap();
+    cluster.namespace("shop").unwrap();
+    let _node = Node::start(&mut cluster, "node-a", crr_proxy(), Agent::Kruise).unwrap();
+    // A Pod each: a container restarted again would wait for kubelet's
+    // back-off.
+    for name in ["e2e-1a", "e2e-3a", "e2e-2b"] {
+        cluster.apply(&e2e_pod(name).to_string()).unwrap();
+    }
+    let pods: Vec<Value> = ["e2e-1a", "e2e-3a", "e2e-2b"]
+        .iter()
+        .map(|name| wait_pod_ready(&mut cluster, "shop", name).unwrap())
+        .collect();
+
+    // 1a.
+    let created = cluster
+        .kubectl_in(
+            &["create", "-o", "json", "-f", "-"],
+            &json!({
+                "apiVersion": "apps.kruise.io/v1alpha1", "kind": "ContainerRecreateRequest",
+                "metadata": {"name": "e2e-1a", "namespace": "shop"},
+                "spec": {"podName": "e2e-1a", "containers": [{"name": "app"}],
+                         "strategy": {"minStartedSeconds": 5}, "ttlSecondsAfterFinished": 3}
+            })
+            .to_string(),
+        )
+        .unwrap();
+    let created: Value = serde_json::from_str(&created).unwrap();
+    let labels = &created["metadata"]["labels"];
+    assert_eq!(
+        labels["crr.apps.kruise.io/pod-uid"],
+        pods[0]["metadata"]["uid"]
+    );
+    assert_eq!(labels["crr.apps.kruise.io/node-name"], "node-a");
+    assert_eq!(labels["crr.apps.kruise.io/active"], "true");
+    assert_eq!(created["spec"]["strategy"]["failurePolicy"], "Fail");
+    let old_app = container(&pods[0], "app")["containerID"].clone();
+    assert_eq!(
+        created["spec"]["containers"][0]["statusContext"]["containerID"],
+        old_app
+    );
+    let done = wait_crr_completed(&mut cluster, "shop", "e2e-1a");
+    assert!(done["status"]["completionTime"].is_string(), "{done:#}");
+    assert!(
+        done["metadata"]["labels"]["crr.apps.kruise.io/active"].is_null(),
+        "{done:#}"
+    );
+    assert_eq!(
+        done["status"]["containerRecreateStates"],
+        json!([{"name": "app", "phase": "Succeeded", "isKilled": true}])
+    );
+    let pod = wait_pod_ready(&mut cluster, "shop", "e2e-1a").unwrap();
+    let app = container(&pod, "app");
+    assert_ne!(app["containerID"], old_app);
+    assert_eq!(app["restartCount"], 1);
+    assert!(
+        seconds_between(
+            &app["state"]["running"]["startedAt"],
+            &done["status"]["completionTime"]
+        ) > 4,
+        "minStartedSeconds: {pod:#}\n{done:#}"
+    );
+    cluster
+        .wait("the TTL to delete the CRR", Duration::from_secs(6), |c| {
+            Ok(c.kubectl(&["get", CRR_V1ALPHA1, "e2e-1a", "-n", "shop"])
+                .is_err()
+                .then_some(()))
+        })
+        .unwrap();
+
+    // 3a and 2b, at once.
+    for (name, ordered) in [("e2e-3a", false), ("e2e-2b", true)] {
+        cluster
+            .apply(
+                &json!({
+                    "apiVersion": "apps.kruise.io/v1alpha1", "kind": "ContainerRecreateRequest",
+                    "metadata": {"name": name, "namespace": "shop"},
+                    "spec": {"podName": name, "containers": [{"name": "app"}, {"name": "sidecar"}],
+                             "strategy": {"orderedRecreate": ordered}}
+                })
+                .to_string(),
+            )
+            .unwrap();
+    }
+    for (i, name) in [(1, "e2e-3a"), (2, "e2e-2b")] {
+        let done = wait_crr_completed(&mut cluster, "shop", name);
+        assert_eq!(
+            done["status"]["containerRecreateStates"],
+            json!([{"name": "app", "phase": "Succeeded", "isKilled": true},
+                   {"name": "sidecar", "phase": "Succeeded", "isKilled": true}]),
+            "{name}: {done:#}"
+        );
+        let pod = wait_pod_ready(&mut cluster, "shop", name).unwrap();
+        for c in ["app", "sidecar"] {
+            assert_ne!(
+                container(&pod, c)["containerID"],
+                container(&pods[i], c)["containerID"],
+                "{name}: {c}"
+            );
+            assert_eq!(container(&pod, c)["restartCount"], 1, "{name}: {c}");
+        }
+        let finished =
+            |c: &str| container(&pod, c)["lastState"]["terminated"]["finishedAt"].clone();
+        if name == "e2e-3a" {
+            // The app's preStop (4 s) ran whole before the sidecar's stop.
+            assert!(
+                seconds_between(&done["metadata"]["creationTimestamp"], &finished("sidecar")) >= 4,
+                "{pod:#}\n{done:#}"
+            );
+        } else {
+            // The sidecar waited for the app to run again past its
+            // postStart (3 s) and be ready.
+            assert!(
+                seconds_between(&finished("app"), &finished("sidecar")) >= 3,
+                "{pod:#}"
+            );
+        }
+    }
+    manager.check().unwrap();
+}
