@@ -36,7 +36,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
-use crr_proxy::cri::v1::ContainerStatusRequest;
 use crr_proxy::crr::{ContainerRecreateRequest, Phase};
 use crr_proxy::proxy::Endpoint;
 use futures_util::StreamExt;
@@ -46,9 +45,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use support::cluster::{Cluster, client_for};
 use support::front::{FrontProxy, Tally};
-use support::images::BUSYBOX_IMAGE;
 use support::kruise::{KruiseManager, daemon_pod};
-use support::node::{Agent, Node};
+use support::node::{Agent, Node, idle_pod};
 use support::procfs::{cpu_seconds, rss_mib, status_mib};
 
 const NAMESPACE: &str = "bench";
@@ -84,7 +82,9 @@ fn main() -> Result<()> {
 
     eprintln!("starting {crrs} Pods on each node");
     let items: Vec<_> = (0..crrs)
-        .flat_map(|i| [pod(KRUISE_NODE, i), pod(PROXY_NODE, i)])
+        .flat_map(|i| {
+            [KRUISE_NODE, PROXY_NODE].map(|node| idle_pod(NAMESPACE, &format!("{node}-{i}"), node))
+        })
         .collect();
     cluster.kubectl_in(
         &["apply", "-f", "-"],
@@ -177,22 +177,6 @@ fn main() -> Result<()> {
     drop(agent);
     drop(relay_only);
     Ok(())
-}
-
-/// Pod `i` of `node`: one container that ends at once on SIGTERM.
-fn pod(node: &str, i: usize) -> serde_json::Value {
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": format!("{node}-{i}"), "namespace": NAMESPACE},
-        "spec": {
-            "nodeName": node,
-            "terminationGracePeriodSeconds": 5,
-            "containers": [{
-                "name": "app", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
-                "command": ["sh", "-c", "trap 'exit 0' TERM; sleep 1000000 & wait $!"]
-            }]
-        }
-    })
 }
 
 fn ready(pod: &serde_json::Value) -> bool {
@@ -301,28 +285,12 @@ async fn run(
                         .to_owned()
                 })
                 .context("the webhook gave no statusContext")?;
-            let deadline = created + Duration::from_secs(120);
             // Asked at once: kubelet may remove the stopped container soon
             // after it has started the new one.
             let mut runtime = support::client(&runtimes[node]);
-            let finished_at = loop {
-                let status = runtime
-                    .container_status(ContainerStatusRequest {
-                        container_id: old.clone(),
-                        verbose: false,
-                    })
-                    .await?
-                    .into_inner()
-                    .status
-                    .context("no status of the container to stop")?;
-                if status.finished_at != 0 {
-                    break status.finished_at;
-                }
-                if Instant::now() > deadline {
-                    bail!("CRR {pod}: the container never exited");
-                }
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            };
+            let finished_at =
+                support::containerd::exited_at(&mut runtime, &old, Duration::from_secs(120))
+                    .await?;
             let (running, completed) = loop {
                 {
                     let seen = lock(&seen);
@@ -332,7 +300,7 @@ async fn run(
                         break (*r - created, *c - created);
                     }
                 }
-                if Instant::now() > deadline {
+                if created.elapsed() > Duration::from_secs(120) {
                     bail!("CRR {pod} did not complete with its container running again");
                 }
                 tokio::time::sleep(Duration::from_millis(5)).await;

@@ -562,24 +562,8 @@ async fn time_crrs(
             .unwrap_or_default()
             .trim_start_matches("containerd://")
             .to_owned();
-        let mut finished_at = 0;
-        for _ in 0..20_000 {
-            let status = direct
-                .container_status(ContainerStatusRequest {
-                    container_id: old.clone(),
-                    verbose: false,
-                })
-                .await?
-                .into_inner()
-                .status
-                .ok_or_else(|| anyhow::anyhow!("no status"))?;
-            if status.finished_at != 0 {
-                finished_at = status.finished_at;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        anyhow::ensure!(finished_at != 0, "{name}: the container never exited");
+        let finished_at =
+            support::containerd::exited_at(&mut direct, &old, Duration::from_secs(40)).await?;
         latencies.push(Duration::from_nanos((finished_at - at).max(0) as u64));
         let stopped = stop_received(&ctrd.log_path(), &old)
             .ok_or_else(|| anyhow::anyhow!("{name}: no StopContainer in containerd's log"))?;

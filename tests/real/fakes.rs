@@ -9,7 +9,7 @@ use crr_proxy::proxy::{Proxy, Routes};
 use support::apiserver::{FakeApiServer, Resource};
 use support::containerd::Containerd;
 use support::kubelet::{ContainerSpec, Kubelet, PodSpec};
-use support::node::{Agent, Node};
+use support::node::{Agent, Node, idle_pod};
 use support::roles::{NAMESPACE, wait_for};
 
 use super::*;
@@ -103,23 +103,6 @@ fn called_between(
         .collect()
 }
 
-/// A Pod of one container that ends at once on SIGTERM, with no probes
-/// (the role runs none).
-fn plain_pod(node: &str) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "plain", "namespace": "shop"},
-        "spec": {
-            "nodeName": node,
-            "terminationGracePeriodSeconds": 5,
-            "containers": [{
-                "name": "app", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
-                "command": ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 0.1; done"]
-            }]
-        }
-    })
-}
-
 /// Real parts: kubelet v1.37.2 (and etcd, kube-apiserver,
 /// kube-controller-manager, kubectl), containerd, runc; beside them the
 /// kubelet test role on another private containerd. One Pod's life on
@@ -135,7 +118,9 @@ fn the_kubelet_roles_cri_calls_are_among_the_real_kubelets() {
         cluster.namespace("shop").unwrap();
         let node = Node::start(&mut cluster, "node-a", crr_proxy(), Agent::Off).unwrap();
         let before = cri_calls(&node.proxy_metrics().unwrap());
-        cluster.apply(&plain_pod("node-a").to_string()).unwrap();
+        cluster
+            .apply(&idle_pod("shop", "plain", "node-a").to_string())
+            .unwrap();
         let pod = wait_pod_ready(&mut cluster, "shop", "plain").unwrap();
         let id = pod["status"]["containerStatuses"][0]["containerID"]
             .as_str()

@@ -255,8 +255,9 @@ fn port_forward_get(cluster: &Cluster, namespace: &str, pod: &str, port: u16) ->
 /// Real parts: etcd, kube-apiserver, kube-controller-manager, kubelet,
 /// kubectl, containerd, runc, Debian's CNI bridge plugin; systemd's socket
 /// activation played by support::activation. crr-proxy restarted five times
-/// by its service's own mechanism, down a second each time (`RestartSec=1`)
-/// while the socket is kept: kubelet's calls wait in the socket's backlog,
+/// by its service's own mechanism, down a second each time (as long as
+/// systemd keeps it down after it exits, `RestartSec=1`) while the socket
+/// is kept: kubelet's calls wait in the socket's backlog,
 /// so kubelet logs no failed CRI call at all, the node stays Ready and the
 /// Pod (probed by exec and HTTP) never restarts.
 #[test]

@@ -619,3 +619,31 @@ fn snapshotter() -> String {
         })
         .clone()
 }
+
+/// Asks the runtime every 2 ms until container `id` has exited; its
+/// `finished_at` (ns since the epoch). Fails after `within`.
+pub async fn exited_at(
+    runtime: &mut crr_proxy::cri::RuntimeClient,
+    id: &str,
+    within: Duration,
+) -> Result<i64> {
+    let deadline = Instant::now() + within;
+    loop {
+        let status = runtime
+            .container_status(crr_proxy::cri::v1::ContainerStatusRequest {
+                container_id: id.to_owned(),
+                verbose: false,
+            })
+            .await?
+            .into_inner()
+            .status
+            .with_context(|| format!("no status of container {id}"))?;
+        if status.finished_at != 0 {
+            return Ok(status.finished_at);
+        }
+        if Instant::now() > deadline {
+            bail!("container {id} did not exit within {within:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}

@@ -222,7 +222,8 @@ impl Node {
     /// and waits for the socket.
     pub fn start_proxy(&mut self) -> Result<()> {
         let mut command = if self.activated {
-            // crr-proxy.service's RestartSec.
+            // crr-proxy.service's RestartSec: how long systemd keeps it
+            // down after it exits.
             super::activation::supervised(
                 &self.proxy_socket(),
                 Duration::from_secs(1),
@@ -295,10 +296,10 @@ impl Node {
         self.proxy.as_ref().and_then(Process::pid)
     }
 
-    /// Restarts a socket-activated crr-proxy as systemd restarts its
-    /// service: stopped (SIGTERM: drain, then exit) and, a second later
-    /// (`RestartSec=1`), started again, while the supervisor keeps the
-    /// socket.
+    /// Restarts a socket-activated crr-proxy: stopped (SIGTERM: drain,
+    /// then exit) and started again a second later, as long as systemd
+    /// keeps the service down after it exits (`RestartSec=1`), while the
+    /// supervisor keeps the socket.
     pub fn restart_proxy(&self) -> Result<()> {
         if !self.activated {
             bail!("crr-proxy is not socket-activated on {}", self.name);
@@ -508,4 +509,21 @@ pub fn plain_kubeconfig(path: &Path, server: &str) -> Result<()> {
         ),
     )?;
     Ok(())
+}
+
+/// A Pod `namespace/name` on `node` with one container, `app`, that idles
+/// and ends at once on SIGTERM; no probes.
+pub fn idle_pod(namespace: &str, name: &str, node: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": 5,
+            "containers": [{
+                "name": "app", "image": super::images::BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                "command": ["sh", "-c", "trap 'exit 0' TERM; sleep 1000000 & wait $!"]
+            }]
+        }
+    })
 }
