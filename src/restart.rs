@@ -455,7 +455,7 @@ async fn connect(cluster: &Cluster) -> Result<(kube::Client, String), RestartErr
         ..KubeConfigOptions::default()
     };
     let failed = |e: &dyn std::fmt::Display| RestartError::Kubeconfig(e.to_string());
-    let config = match &cluster.kubeconfig {
+    let mut config = match &cluster.kubeconfig {
         Some(path) => {
             let kubeconfig = Kubeconfig::read_from(path)
                 .map_err(|e| RestartError::Kubeconfig(format!("{}: {e}", path.display())))?;
@@ -475,7 +475,6 @@ async fn connect(cluster: &Cluster) -> Result<(kube::Client, String), RestartErr
         .namespace
         .clone()
         .unwrap_or_else(|| config.default_namespace.clone());
-    let mut config = config;
     crate::version::identify(&mut config, "restart");
     let client = kube::Client::try_from(config)?;
     Ok((client, namespace))

@@ -122,12 +122,9 @@ fn the_kubelet_roles_cri_calls_are_among_the_real_kubelets() {
             .apply(&idle_pod("shop", "plain", "node-a").to_string())
             .unwrap();
         let pod = wait_pod_ready(&mut cluster, "shop", "plain").unwrap();
-        let id = pod["status"]["containerStatuses"][0]["containerID"]
-            .as_str()
+        tokio::runtime::Runtime::new()
             .unwrap()
-            .trim_start_matches("containerd://")
-            .to_owned();
-        stop(&node.containerd, &id);
+            .block_on(stop(&node.containerd, &container_id(&pod)));
         cluster
             .wait("kubelet to start it again", Duration::from_secs(60), |c| {
                 let pod = c.get(&["pod", "plain", "-n", "shop"])?;
@@ -153,19 +150,7 @@ fn the_kubelet_roles_cri_calls_are_among_the_real_kubelets() {
         spec.readiness_gate = false;
         spec.termination_grace_period = 5;
         let pod = kubelet.run_pod(spec).await;
-        let id = pod["status"]["containerStatuses"][0]["containerID"]
-            .as_str()
-            .unwrap()
-            .trim_start_matches("containerd://")
-            .to_owned();
-        let mut direct = support::client(&ctrd.endpoint());
-        direct
-            .stop_container(StopContainerRequest {
-                container_id: id,
-                timeout: 5,
-            })
-            .await
-            .unwrap();
+        stop(&ctrd, &container_id(&pod)).await;
         wait_for(Duration::from_secs(30), || {
             api.get(Resource::Pod, NAMESPACE, "plain")
                 .filter(|p| restart_count(p, "app") == 1)
@@ -210,15 +195,22 @@ fn the_kubelet_roles_cri_calls_are_among_the_real_kubelets() {
     );
 }
 
+/// The runtime's ID of the Pod's first container.
+fn container_id(pod: &Value) -> String {
+    pod["status"]["containerStatuses"][0]["containerID"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("containerd://")
+        .to_owned()
+}
+
 /// StopContainer straight on `containerd`, behind kubelet's back.
-fn stop(containerd: &Containerd, id: &str) {
-    tokio::runtime::Runtime::new().unwrap().block_on(async {
-        support::client(&containerd.endpoint())
-            .stop_container(StopContainerRequest {
-                container_id: id.to_owned(),
-                timeout: 5,
-            })
-            .await
-            .unwrap();
-    });
+async fn stop(containerd: &Containerd, id: &str) {
+    support::client(&containerd.endpoint())
+        .stop_container(StopContainerRequest {
+            container_id: id.to_owned(),
+            timeout: 5,
+        })
+        .await
+        .unwrap();
 }

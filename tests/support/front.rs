@@ -170,7 +170,8 @@ impl Route {
         mut request: hyper::Request<Incoming>,
         sender: &tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Incoming>>,
     ) -> Result<hyper::Response<Boxed>, hyper::Error> {
-        let (verb, watch) = verb(request.method(), request.uri());
+        let verb = verb(request.method(), request.uri());
+        let watch = verb == "watch";
         let key = format!("{verb} {}", resource(request.uri().path()));
         *self
             .tally
@@ -214,13 +215,13 @@ impl Route {
     }
 }
 
-/// The Kubernetes verb of a request, and whether it is a watch.
-fn verb(method: &http::Method, uri: &http::Uri) -> (&'static str, bool) {
+/// The Kubernetes verb of a request.
+fn verb(method: &http::Method, uri: &http::Uri) -> &'static str {
     let query = uri.query().unwrap_or_default();
     let watch = query
         .split('&')
         .any(|p| p == "watch=true" || p == "watch=1");
-    let verb = match *method {
+    match *method {
         http::Method::GET if watch => "watch",
         http::Method::GET => "get",
         http::Method::POST => "create",
@@ -228,8 +229,7 @@ fn verb(method: &http::Method, uri: &http::Uri) -> (&'static str, bool) {
         http::Method::PATCH => "patch",
         http::Method::DELETE => "delete",
         _ => "other",
-    };
-    (verb, watch)
+    }
 }
 
 /// The resource of an API path, with its subresource: `pods`,

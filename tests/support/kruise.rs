@@ -165,16 +165,16 @@ pub fn daemon_pod(cluster: &mut Cluster, node: &Node, front: Option<&str>) -> Re
     )?;
     let config = node.dir.join("kruise-daemon");
     fs::create_dir_all(&config)?;
-    let admin = cluster
-        .pki
-        .client("kruise-daemon", "kubernetes-admin", &["system:masters"])?;
-    fs::copy(cluster.pki.ca().cert, config.join("ca.pem"))?;
-    fs::copy(&admin.cert, config.join("cert.pem"))?;
-    fs::copy(&admin.key, config.join("key.pem"))?;
-    let inside = std::path::Path::new(DAEMON_CONFIG);
     if let Some(server) = front {
         super::node::plain_kubeconfig(&config.join("kubeconfig"), server)?;
     } else {
+        let admin = cluster
+            .pki
+            .client("kruise-daemon", "kubernetes-admin", &["system:masters"])?;
+        fs::copy(cluster.pki.ca().cert, config.join("ca.pem"))?;
+        fs::copy(&admin.cert, config.join("cert.pem"))?;
+        fs::copy(&admin.key, config.join("key.pem"))?;
+        let inside = std::path::Path::new(DAEMON_CONFIG);
         write_kubeconfig(
             &config.join("kubeconfig"),
             &cluster.server,
