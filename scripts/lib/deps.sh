@@ -13,7 +13,8 @@ ensure_root() {
 # systemd provides systemd-analyze, which checks the units; openssl plays
 # the cluster's signer in the node-identity test and the real cluster's CA;
 # containernetworking-plugins gives the real kubelet's Pods their network
-# (bridge, host-local, loopback in /usr/lib/cni).
+# (bridge, host-local, loopback in /usr/lib/cni); docker-registry and skopeo
+# serve the suite's images from a registry on loopback, for kubelet's pulls.
 ensure_packages() {
   local missing=()
   command -v containerd >/dev/null || missing+=(containerd)
@@ -23,6 +24,8 @@ ensure_packages() {
   command -v systemd-analyze >/dev/null || missing+=(systemd)
   command -v openssl >/dev/null || missing+=(openssl)
   [[ -x /usr/lib/cni/bridge ]] || missing+=(containernetworking-plugins)
+  command -v docker-registry >/dev/null || missing+=(docker-registry)
+  command -v skopeo >/dev/null || missing+=(skopeo)
   if ((${#missing[@]})); then
     echo "installing ${missing[*]}" >&2
     apt-get update -qq

@@ -65,32 +65,6 @@ const NOT_MODELLED: &[(&str, &str)] = &[
     ("ImageService/ImageFsInfo", "the image filesystem's stats"),
 ];
 
-/// CRI calls by `Service/Method`, from a `/metrics` text.
-fn cri_calls(metrics: &str) -> BTreeMap<String, u64> {
-    let mut calls = BTreeMap::new();
-    for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("crr_proxy_cri_requests_total{") else {
-            continue;
-        };
-        let label = |name: &str| {
-            rest.split(&format!("{name}=\""))
-                .nth(1)
-                .and_then(|v| v.split('"').next())
-                .unwrap_or_default()
-                .to_owned()
-        };
-        let count: u64 = line
-            .rsplit(' ')
-            .next()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_default();
-        *calls
-            .entry(format!("{}/{}", label("service"), label("method")))
-            .or_default() += count;
-    }
-    calls
-}
-
 /// The methods called between two samples.
 fn called_between(
     before: &BTreeMap<String, u64>,

@@ -9,12 +9,14 @@
 mod support;
 
 mod fakes;
+mod images;
 mod kruise;
 mod relay;
 mod restart;
 mod rules;
 mod standalone;
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -125,4 +127,30 @@ fn recreate(cluster: &mut Cluster, namespace: &str, crr: &str, pod: &str, restar
     );
     let after = wait_pod_ready(cluster, namespace, pod).unwrap();
     assert_eq!(restart_count(&after, "app"), restarts, "{after:#}");
+}
+
+/// CRI calls by `Service/Method`, from a `/metrics` text.
+fn cri_calls(metrics: &str) -> BTreeMap<String, u64> {
+    let mut calls = BTreeMap::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("crr_proxy_cri_requests_total{") else {
+            continue;
+        };
+        let label = |name: &str| {
+            rest.split(&format!("{name}=\""))
+                .nth(1)
+                .and_then(|v| v.split('"').next())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let count: u64 = line
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_default();
+        *calls
+            .entry(format!("{}/{}", label("service"), label("method")))
+            .or_default() += count;
+    }
+    calls
 }

@@ -506,7 +506,8 @@ fn unmount_under(dir: &Path) {
     }
 }
 
-fn on_path(binary: &str) -> bool {
+/// Whether `binary` is on PATH.
+pub fn on_path(binary: &str) -> bool {
     which(binary).is_ok()
 }
 

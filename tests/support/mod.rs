@@ -21,6 +21,7 @@ pub mod policy;
 pub mod procfs;
 pub mod raw;
 pub mod reads;
+pub mod registry;
 pub mod roles;
 pub mod selectors;
 pub mod upstream;

@@ -10,6 +10,7 @@
 //! certificate; no QoS cgroups, so that two kubelets on one machine do not
 //! share `/kubepods`.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -48,6 +49,10 @@ impl Agent {
     }
 }
 
+/// kubelet's `evictionHard` on a test node: thresholds this machine is
+/// always above, so that a fuller disk never evicts a test's Pods.
+pub const EVICTION_HARD: &str = r#"{"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%", "nodefs.inodesFree": "1%"}"#;
+
 /// Fields drop in order: kubelet and crr-proxy are stopped in `drop`,
 /// then containerd removes what ran.
 pub struct Node {
@@ -62,6 +67,10 @@ pub struct Node {
     /// crr-proxy's `--metrics-addr`, on loopback.
     metrics: String,
     kubelet: Option<Process>,
+    /// Top-level keys of kubelet's configuration file a test sets, as
+    /// YAML values (the file is read strictly: a key given twice is an
+    /// error, so these replace the defaults'), for kubelet's next start.
+    kubelet_settings: BTreeMap<String, String>,
     bridge: String,
     pub containerd: Containerd,
 }
@@ -128,6 +137,10 @@ impl Node {
             activated,
             metrics: format!("127.0.0.1:{}", free_port("127.0.0.1")?),
             kubelet: None,
+            kubelet_settings: BTreeMap::from([(
+                "evictionHard".to_owned(),
+                EVICTION_HARD.to_owned(),
+            )]),
             bridge,
             containerd,
         };
@@ -355,14 +368,18 @@ podLogsDir: "{logs}"
 serializeImagePulls: false
 nodeStatusUpdateFrequency: 5s
 syncFrequency: 10s
-evictionHard: {{"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%", "nodefs.inodesFree": "1%"}}
 authentication:
   anonymous: {{enabled: false}}
   webhook: {{enabled: true}}
   x509: {{clientCAFile: "{ca}"}}
 authorization: {{mode: Webhook}}
 rotateCertificates: {rotate}
-"#,
+{settings}"#,
+                settings = self
+                    .kubelet_settings
+                    .iter()
+                    .map(|(key, value)| format!("{key}: {value}\n"))
+                    .collect::<String>(),
                 rotate = self.agent == Agent::KruiseAsKubelet,
                 ip = cluster.host_ip,
                 port = free_port("0.0.0.0")?,
@@ -386,6 +403,24 @@ rotateCertificates: {rotate}
             &self.kubelet_log(),
         )?);
         Ok(())
+    }
+
+    /// Sets `key` of kubelet's configuration file to `value` (YAML) for
+    /// kubelet's next start ([`Self::restart_kubelet`]).
+    pub fn set_kubelet_setting(&mut self, key: &str, value: &str) {
+        self.kubelet_settings
+            .insert(key.to_owned(), value.to_owned());
+    }
+
+    /// Stops kubelet (SIGTERM, as systemd stops it) and starts it again
+    /// with its configuration file written anew; waits until the node is
+    /// Ready.
+    pub fn restart_kubelet(&mut self, cluster: &mut Cluster) -> Result<()> {
+        if let Some(mut kubelet) = self.kubelet.take() {
+            kubelet.stop(Duration::from_secs(10));
+        }
+        self.start_kubelet(cluster)?;
+        self.wait_ready(cluster)
     }
 
     /// Waits until the Node's Ready condition is True.
