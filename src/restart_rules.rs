@@ -19,6 +19,12 @@ use k8s_openapi::api::core::v1::{Container, ContainerStatus, PodSpec, PodStatus}
 /// its rules (alpha in 1.34, beta and on by default since 1.35).
 pub const RULES_GATE: &str = "ContainerRestartRules";
 
+/// The feature gate that makes kubelet act on `RestartAllContainers` rules
+/// (alpha and off in 1.35, beta and on by default since 1.36). Off, a code
+/// that matches such a rule falls back to the container's own policy
+/// (`ContainerShouldRestart`, pkg/api/v1/pod/util.go).
+pub const RESTART_ALL_GATE: &str = "RestartAllContainersOnContainerExits";
+
 /// The action of a `restartPolicyRules` entry that restarts the container.
 const RESTART: &str = "Restart";
 /// KEP-5532's action: kubelet kills every container of the Pod, without
@@ -27,24 +33,35 @@ const RESTART: &str = "Restart";
 const RESTART_ALL_CONTAINERS: &str = "RestartAllContainers";
 
 /// What kubelet of this node reads: with `rules` false (its feature gate
-/// off), the Pod's policy alone, as before Kubernetes 1.34.
+/// off), the Pod's policy alone, as before Kubernetes 1.34; with
+/// `restart_all` false, `RestartAllContainers` rules are passed over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Kubelet {
     pub rules: bool,
+    pub restart_all: bool,
 }
 
 impl Default for Kubelet {
     fn default() -> Self {
-        Self { rules: true }
+        Self {
+            rules: true,
+            restart_all: true,
+        }
     }
 }
 
 impl Kubelet {
-    /// The gate as kubelet's configuration file sets it (`featureGates`);
-    /// unset means its default since Kubernetes 1.35: on.
+    /// The gates as kubelet's configuration file sets them
+    /// (`featureGates`). Unset, each is taken as on: its default since
+    /// Kubernetes 1.35 and 1.36. On a kubelet 1.35 that leaves
+    /// `RestartAllContainersOnContainerExits` unset (off), crr-proxy thus
+    /// counts a `RestartAllContainers` code as one that restarts the whole
+    /// Pod, which that kubelet does not do: it refuses more, never less.
     pub fn from_config(config: &serde_json::Value) -> Self {
+        let gate = |name: &str| config["featureGates"][name].as_bool().unwrap_or(true);
         Self {
-            rules: config["featureGates"][RULES_GATE].as_bool().unwrap_or(true),
+            rules: gate(RULES_GATE),
+            restart_all: gate(RESTART_ALL_GATE),
         }
     }
 }
@@ -146,7 +163,7 @@ impl fmt::Display for StaysDown {
                 "the Pod's restartPolicy is Never, and this node's kubelet ignores the container's own restartPolicy (feature gate ContainerRestartRules is off)"
             }
             StaysDown::RestartsAll => {
-                "every exit code that restarts it matches a RestartAllContainers rule, which would restart all of the Pod's containers"
+                "every exit code that restarts it matches a RestartAllContainers rule, which would restart all of the Pod's containers (taken as on unless kubelet's configuration file sets the feature gate RestartAllContainersOnContainerExits off, as kubelet 1.35 has it by default)"
             }
             StaysDown::InitContainer => "it is an init container that is not a sidecar",
             StaysDown::NotInSpec => "it is not in the Pod's spec",
@@ -195,7 +212,9 @@ pub fn plan(pod: &PodSpec, name: &str, kubelet: Kubelet) -> Plan {
     let mut restarts_some = false;
     for code in 0..=u8::MAX {
         let restarts = sidecar || should_restart(container, pod, i32::from(code), kubelet);
-        let all = kubelet.rules && restarts_all_containers(container, i32::from(code));
+        let all = kubelet.rules
+            && kubelet.restart_all
+            && restarts_all_containers(container, i32::from(code));
         restarts_some |= restarts || all;
         if restarts && !all {
             restarting.insert(code);
@@ -299,8 +318,14 @@ mod tests {
         container
     }
 
-    const ON: Kubelet = Kubelet { rules: true };
-    const OFF: Kubelet = Kubelet { rules: false };
+    const ON: Kubelet = Kubelet {
+        rules: true,
+        restart_all: true,
+    };
+    const OFF: Kubelet = Kubelet {
+        rules: false,
+        restart_all: true,
+    };
 
     fn rewrite(plan: Plan) -> Rewrite {
         match plan {
@@ -396,6 +421,35 @@ mod tests {
     }
 
     #[test]
+    fn with_restart_all_off_its_codes_fall_back_to_the_containers_policy() {
+        // kubelet 1.35's default: RestartAllContainers rules are passed over.
+        let gate_off = Kubelet {
+            rules: true,
+            restart_all: false,
+        };
+        let all_codes = |policy: &str| {
+            pod(json!({"containers": [app(json!({
+                "restartPolicy": policy,
+                "restartPolicyRules": [{"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": []}}]
+            }))]}))
+        };
+        assert_eq!(
+            plan(&all_codes("Always"), "app", ON),
+            Plan::StaysDown(StaysDown::RestartsAll)
+        );
+        assert_eq!(plan(&all_codes("Always"), "app", gate_off), Plan::Restarts);
+        assert_eq!(
+            plan(&all_codes("Never"), "app", gate_off),
+            Plan::StaysDown(StaysDown::ContainerNever)
+        );
+        // OnFailure: 143 restarts it alone again, and is reported as itself.
+        let rewrite = rewrite(plan(&all_codes("OnFailure"), "app", gate_off));
+        assert_eq!(rewrite.reported, 143);
+        assert_eq!(rewrite.code_for(143), None);
+        assert_eq!(rewrite.code_for(0), Some(143));
+    }
+
+    #[test]
     fn sidecars_always_come_back_and_other_init_containers_never() {
         let spec = pod(json!({"restartPolicy": "Never",
             "initContainers": [{"name": "proxy", "restartPolicy": "Always"}, {"name": "setup"}],
@@ -444,6 +498,13 @@ mod tests {
         assert_eq!(
             Kubelet::from_config(&json!({"featureGates": {RULES_GATE: false}})),
             OFF
+        );
+        assert_eq!(
+            Kubelet::from_config(&json!({"featureGates": {RESTART_ALL_GATE: false}})),
+            Kubelet {
+                rules: true,
+                restart_all: false
+            }
         );
     }
 }

@@ -2,7 +2,10 @@
 # kube-controller-manager, kubelet and kubectl, built from their Go modules
 # at one release and kept in the test cache by version, like sid's packages
 # (sid.sh). Sourced by scripts/test.sh; `ensure_kubernetes` exports
-# CRR_TEST_KUBE: the folder holding the five binaries.
+# CRR_TEST_KUBE: the folder holding the five binaries, and
+# `ensure_older_kubelet` CRR_TEST_KUBELET_OLDER: a kubelet of an older minor
+# (v1.35.4), whose feature gates' defaults differ (RestartAllContainers is
+# off before 1.36).
 #
 # `go install k8s.io/kubernetes/cmd/...@vX` is refused: kubernetes' go.mod
 # replaces its staging modules (k8s.io/api, client-go, ...) by folders of its
@@ -17,6 +20,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/sid.sh"
 
 : "${CRR_TEST_KUBE_VERSION:=v1.37.2}"
+: "${CRR_TEST_KUBELET_OLDER_VERSION:=v1.35.4}"
 
 CRR_KUBE_BINARIES=(etcd kube-apiserver kube-controller-manager kubelet kubectl)
 
@@ -30,23 +34,32 @@ _kube_ok() {
   "$dir/etcd" --version >/dev/null 2>&1
 }
 
+# True when $1 holds a kubelet that says it is version $2.
+_kubelet_ok() {
+  [[ "$("$1/kubelet" --version 2>/dev/null)" == "Kubernetes $2" ]]
+}
+
 # Builds kubernetes $1 into a new folder beside the cache's and renames it
-# into place; prints the folder. In a subshell, so its temp dir goes on
-# every exit.
+# into place; prints the folder. With $2 `kubelet`, kubelet alone (into
+# kubelet-$1), else the five binaries (into kubernetes-$1). In a subshell,
+# so its temp dir goes on every exit.
 _kube_build() (
   set -euo pipefail
   version="$1"
+  what="${2:-kubernetes}"
   staging="v0.${version#v1.}"
-  dest="$CRR_TEST_CACHE/kubernetes-$version"
+  dest="$CRR_TEST_CACHE/$what-$version"
   mkdir -p "$CRR_TEST_CACHE"
   tmp="$(mktemp -d)"
-  part="$(mktemp -d "$CRR_TEST_CACHE/.kubernetes-$version.XXXXXX")"
+  part="$(mktemp -d "$CRR_TEST_CACHE/.$what-$version.XXXXXX")"
   # (part is gone once renamed into place.)
   trap 'rm -rf "$tmp" "$part"' EXIT
   command -v go >/dev/null || { echo "$0: Go 1.26 or later is needed to build the real parts the tests run" >&2; exit 1; }
   export GOFLAGS=-mod=mod GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
   started=$SECONDS
-  echo "building kubernetes $version (etcd, kube-apiserver, kube-controller-manager, kubelet, kubectl) into $dest" >&2
+  commands=(kube-apiserver kube-controller-manager kubelet kubectl)
+  [[ $what == kubelet ]] && commands=(kubelet)
+  echo "building kubernetes $version (${commands[*]}) into $dest" >&2
   cd "$tmp"
   go mod init crr-proxy-test/kubernetes >/dev/null 2>&1
   gomod="$(go mod download -json "k8s.io/kubernetes@$version" | awk -F'"' '/"GoMod"/ { print $4 }')"
@@ -57,7 +70,9 @@ _kube_build() (
   ' "$gomod" >>go.mod
   etcd="$(awk '$1 == "go.etcd.io/etcd/server/v3" { print $2 }' "$gomod")"
   [[ -n $etcd ]] || { echo "kube: kubernetes $version names no etcd server" >&2; exit 1; }
-  go get "k8s.io/kubernetes@$version" "go.etcd.io/etcd/server/v3@$etcd" >&2
+  modules=("k8s.io/kubernetes@$version")
+  [[ $what == kubelet ]] || modules+=("go.etcd.io/etcd/server/v3@$etcd")
+  go get "${modules[@]}" >&2
   # The version the binaries report, as kubernetes' own build stamps it
   # (without it they say v0.0.0-master, and kubelet's and kubectl's skew
   # checks read that).
@@ -70,19 +85,21 @@ _kube_build() (
   done
   # One binary at a time: the machine has two cores and the packages the
   # commands share are built once into Go's build cache.
-  for cmd in kube-apiserver kube-controller-manager kubelet kubectl; do
+  for cmd in "${commands[@]}"; do
     CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$part/$cmd" "k8s.io/kubernetes/cmd/$cmd" >&2
   done
-  CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$part/etcd" "go.etcd.io/etcd/server/v3" >&2
+  [[ $what == kubelet ]] ||
+    CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$part/etcd" "go.etcd.io/etcd/server/v3" >&2
   chmod 755 "$part"
-  if ! _kube_ok "$part" "$version"; then
+  if [[ $what == kubelet ]]; then ok=_kubelet_ok; else ok=_kube_ok; fi
+  if ! "$ok" "$part" "$version"; then
     rm -rf "$part"
     echo "kube: the kubernetes $version build does not run here" >&2
     exit 1
   fi
   rm -rf "$dest"
   mv -T "$part" "$dest"
-  echo "kube: kubernetes $version and etcd $etcd built in $((SECONDS - started)) s" >&2
+  echo "kube: kubernetes $version (${commands[*]}) built in $((SECONDS - started)) s" >&2
   echo "$dest"
 )
 
@@ -94,4 +111,14 @@ ensure_kubernetes() {
     dir="$(_kube_build "$CRR_TEST_KUBE_VERSION")" || return 1
   fi
   export CRR_TEST_KUBE="$dir"
+}
+
+# Exports CRR_TEST_KUBELET_OLDER (a kubelet binary), built as above.
+ensure_older_kubelet() {
+  local version="$CRR_TEST_KUBELET_OLDER_VERSION"
+  local dir="$CRR_TEST_CACHE/kubelet-$version"
+  if ! _kubelet_ok "$dir" "$version"; then
+    dir="$(_kube_build "$version" kubelet)" || return 1
+  fi
+  export CRR_TEST_KUBELET_OLDER="$dir/kubelet"
 }

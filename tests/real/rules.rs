@@ -173,3 +173,120 @@ fn the_real_kubelet_starts_a_recreated_native_sidecar_again() {
     assert!(mesh["state"]["running"].is_object(), "{pod:#}");
     assert_eq!(container_status(&pod, "app")["restartCount"], 0, "{pod:#}");
 }
+
+/// Real parts: kubelet v1.35.4 (RestartAllContainersOnContainerExits is
+/// alpha there and off by default; its other gates as 1.37's), beside
+/// etcd, kube-apiserver, kube-controller-manager and kubectl v1.37.2,
+/// containerd, runc. Where kubelet 1.35 differs: a code that matches a
+/// `RestartAllContainers` rule restarts the container alone, by its own
+/// policy.
+/// - A code such a rule names is still never reported: the real 143 goes
+///   to kubelet as 137, which 1.35 restarts as 1.37 does.
+/// - A container every exit of which matches such a rule is refused while
+///   kubelet's configuration file leaves the gate unset (crr-proxy takes
+///   it as on, and says so); with the gate set off there, crr-proxy
+///   recreates it, and kubelet 1.35 starts it again alone.
+#[test]
+fn on_kubelet_1_35_restart_all_rules_give_way_to_the_containers_policy() {
+    let older = support::cluster::older_kubelet().unwrap();
+    let mut cluster = Cluster::start().unwrap();
+    cluster.install("standalone").unwrap();
+    cluster.namespace("rules").unwrap();
+    let mut node = Node::start_with_kubelet(
+        &mut cluster,
+        "node-a",
+        crr_proxy(),
+        Agent::Standalone,
+        &older,
+    )
+    .unwrap();
+    let kubelet = cluster.get(&["node", "node-a"]).unwrap();
+    assert_eq!(
+        kubelet["status"]["nodeInfo"]["kubeletVersion"], "v1.35.4",
+        "{kubelet:#}"
+    );
+    let every_exit = json!([{"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": []}}]);
+    let pods = [
+        pod(
+            "resets",
+            "Always",
+            ending_with(
+                "app",
+                143,
+                json!({"restartPolicy": "OnFailure", "restartPolicyRules": [{"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [143]}}]}),
+            ),
+        ),
+        pod(
+            "every-exit",
+            "Always",
+            ending_with(
+                "app",
+                143,
+                json!({"restartPolicy": "Always", "restartPolicyRules": every_exit}),
+            ),
+        ),
+    ];
+    for pod in &pods {
+        cluster.apply(&pod.to_string()).unwrap();
+    }
+    for name in ["resets", "every-exit"] {
+        wait_pod_ready(&mut cluster, "rules", name).unwrap();
+    }
+    create_crr(&cluster, "rules", "crr-resets", "resets", &["app"]);
+    create_crr(&cluster, "rules", "crr-every-exit", "every-exit", &["app"]);
+
+    let refused = wait_crr_completed(&mut cluster, "rules", "crr-every-exit");
+    let message = refused["status"]["containerRecreateStates"][0]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        message.contains("matches a RestartAllContainers rule")
+            && message.contains("RestartAllContainersOnContainerExits off"),
+        "{refused:#}"
+    );
+    let recreated = |cluster: &mut Cluster, name: &str, reported: i64| {
+        let pod = wait_pod_ready(cluster, "rules", name).unwrap();
+        let app = container_status(&pod, "app");
+        assert_eq!(app["restartCount"], 1, "{name}: {pod:#}");
+        assert_eq!(
+            app["lastState"]["terminated"]["exitCode"], reported,
+            "{name}: {app}"
+        );
+        // kubelet 1.35 restarted the container alone.
+        assert_eq!(
+            container_status(&pod, "sidecar")["restartCount"],
+            0,
+            "{name}: {pod:#}"
+        );
+    };
+    let done = wait_crr_completed(&mut cluster, "rules", "crr-resets");
+    assert_eq!(
+        done["status"]["containerRecreateStates"],
+        json!([{"name": "app", "phase": "Succeeded", "isKilled": true}]),
+        "{done:#}"
+    );
+    recreated(&mut cluster, "resets", 137);
+
+    // The gate set off in kubelet's file: crr-proxy reads it before the
+    // kill, and the real 143 goes to kubelet as it is.
+    node.set_kubelet_setting(
+        "featureGates",
+        r#"{"RestartAllContainersOnContainerExits": false}"#,
+    );
+    node.restart_kubelet(&mut cluster).unwrap();
+    create_crr(
+        &cluster,
+        "rules",
+        "crr-every-exit-2",
+        "every-exit",
+        &["app"],
+    );
+    let done = wait_crr_completed(&mut cluster, "rules", "crr-every-exit-2");
+    assert_eq!(
+        done["status"]["containerRecreateStates"],
+        json!([{"name": "app", "phase": "Succeeded", "isKilled": true}]),
+        "{done:#}"
+    );
+    recreated(&mut cluster, "every-exit", 143);
+}

@@ -23,7 +23,7 @@ use std::net::{TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -49,6 +49,21 @@ pub fn binary(name: &str) -> Result<PathBuf> {
     let path = Path::new(&dir).join(name);
     if !path.is_file() {
         bail!("{name} is not in {BINARIES_ENV}={}", path.display());
+    }
+    Ok(path)
+}
+
+/// Names a kubelet binary of an older minor (scripts/lib/kube.sh,
+/// `ensure_older_kubelet`).
+const OLDER_KUBELET_ENV: &str = "CRR_TEST_KUBELET_OLDER";
+
+/// The older kubelet's path.
+pub fn older_kubelet() -> Result<PathBuf> {
+    let path = std::env::var_os(OLDER_KUBELET_ENV).map(PathBuf::from).with_context(|| {
+        format!("{OLDER_KUBELET_ENV} is not set: run the test command (scripts/test.sh), which builds it")
+    })?;
+    if !path.is_file() {
+        bail!("{OLDER_KUBELET_ENV}={} is not a file", path.display());
     }
     Ok(path)
 }
@@ -167,7 +182,37 @@ pub struct Cluster {
     /// Started once the API server is ready: it would only log its
     /// retries until then.
     controllers: Option<Process>,
-    _serial: MutexGuard<'static, ()>,
+    _slot: Slot,
+}
+
+/// How many clusters of one test binary run at once. A real test mostly
+/// waits (kubelet's sync, a container's grace): one cluster used under half
+/// of one core of this 2-core machine (tests/real on containerd 1.6), so
+/// two at a time take half the time.
+const CLUSTERS_AT_ONCE: usize = 2;
+
+/// One of [`CLUSTERS_AT_ONCE`] places, held while a cluster runs.
+struct Slot;
+
+static SLOTS: Mutex<usize> = Mutex::new(0);
+static SLOT_FREED: Condvar = Condvar::new();
+
+impl Slot {
+    fn take() -> Self {
+        let mut taken = SLOTS.lock().unwrap_or_else(|p| p.into_inner());
+        while *taken >= CLUSTERS_AT_ONCE {
+            taken = SLOT_FREED.wait(taken).unwrap_or_else(|p| p.into_inner());
+        }
+        *taken += 1;
+        Self
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        *SLOTS.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
+        SLOT_FREED.notify_one();
+    }
 }
 
 impl Cluster {
@@ -175,10 +220,7 @@ impl Cluster {
     /// for the API server to be ready and the default namespace's service
     /// account to exist.
     pub fn start() -> Result<Self> {
-        static SERIAL: Mutex<()> = Mutex::new(());
-        let serial = SERIAL
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let slot = Slot::take();
         for name in [
             "etcd",
             "kube-apiserver",
@@ -323,7 +365,7 @@ impl Cluster {
             apiserver,
             apiserver_args,
             controllers: None,
-            _serial: serial,
+            _slot: slot,
         };
         this.wait("the API server to be ready", READY_TIMEOUT, |cluster| {
             Ok(cluster.kubectl(&["get", "--raw", "/readyz"]).ok())

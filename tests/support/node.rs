@@ -67,6 +67,8 @@ pub struct Node {
     /// crr-proxy's `--metrics-addr`, on loopback.
     metrics: String,
     kubelet: Option<Process>,
+    /// kubelet's binary: the test build's, or another version's.
+    kubelet_binary: PathBuf,
     /// Top-level keys of kubelet's configuration file a test sets, as
     /// YAML values (the file is read strictly: a key given twice is an
     /// error, so these replace the defaults'), for kubelet's next start.
@@ -84,7 +86,18 @@ impl Node {
         crr_proxy: &Path,
         agent: Agent,
     ) -> Result<Self> {
-        Self::start_with(cluster, name, crr_proxy, agent, false)
+        Self::start_with(cluster, name, crr_proxy, agent, false, None)
+    }
+
+    /// As [`Node::start`], with `kubelet` (another version's binary).
+    pub fn start_with_kubelet(
+        cluster: &mut Cluster,
+        name: &str,
+        crr_proxy: &Path,
+        agent: Agent,
+        kubelet: &Path,
+    ) -> Result<Self> {
+        Self::start_with(cluster, name, crr_proxy, agent, false, Some(kubelet))
     }
 
     /// As [`Node::start`], with crr-proxy socket-activated: its socket held
@@ -96,7 +109,7 @@ impl Node {
         crr_proxy: &Path,
         agent: Agent,
     ) -> Result<Self> {
-        Self::start_with(cluster, name, crr_proxy, agent, true)
+        Self::start_with(cluster, name, crr_proxy, agent, true, None)
     }
 
     fn start_with(
@@ -105,8 +118,12 @@ impl Node {
         crr_proxy: &Path,
         agent: Agent,
         activated: bool,
+        kubelet: Option<&Path>,
     ) -> Result<Self> {
-        binary("kubelet")?;
+        let kubelet_binary = match kubelet {
+            Some(kubelet) => kubelet.to_owned(),
+            None => binary("kubelet")?,
+        };
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let dir = cluster.dir.join("nodes").join(name);
@@ -137,6 +154,7 @@ impl Node {
             activated,
             metrics: format!("127.0.0.1:{}", free_port("127.0.0.1")?),
             kubelet: None,
+            kubelet_binary,
             kubelet_settings: BTreeMap::from([(
                 "evictionHard".to_owned(),
                 EVICTION_HARD.to_owned(),
@@ -389,7 +407,7 @@ rotateCertificates: {rotate}
         )?;
         self.kubelet = Some(Process::spawn(
             "kubelet",
-            Command::new(binary("kubelet")?)
+            Command::new(&self.kubelet_binary)
                 .arg("--config")
                 .arg(&config)
                 .arg("--kubeconfig")
