@@ -172,10 +172,16 @@ async fn answers_through_the_proxy_equal_direct_ones() {
 async fn unknown_methods_and_services_get_containerds_own_answer() {
     let ctrd = Containerd::start().unwrap();
     let proxy = ProxyUnderTest::to(ctrd.endpoint());
-    for path in [
-        "/runtime.v1.RuntimeService/NoSuchMethod",
-        "/runtime.v1.RuntimeService/StreamContainers",
-        "/no.such.v1.Service/Call",
+    // (containerd 2.4 serves StreamContainers: OK, with no container.)
+    let streams = if support::containerd::serves_streaming_lists().unwrap() {
+        "0"
+    } else {
+        "12"
+    };
+    for (path, status) in [
+        ("/runtime.v1.RuntimeService/NoSuchMethod", "12"),
+        ("/runtime.v1.RuntimeService/StreamContainers", streams),
+        ("/no.such.v1.Service/Call", "12"),
     ] {
         let mut answers = Vec::new();
         for socket in [ctrd.socket(), proxy.socket.clone()] {
@@ -190,7 +196,7 @@ async fn unknown_methods_and_services_get_containerds_own_answer() {
         }
         assert_eq!(
             raw::grpc_status(&answers[0]).as_deref(),
-            Some("12"),
+            Some(status),
             "{path}: {:?}",
             answers[0]
         );

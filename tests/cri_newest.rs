@@ -1,8 +1,8 @@
 //! The CRI as kubelet 1.37 speaks it, through crr-proxy: the streaming lists
 //! of KEP-5825, long checkpoint calls, `KeyValue.value` as bytes, and fields
 //! crr-proxy's editor does not know. The runtime is a scripted grpcio server
-//! (tests/peers/cri_runtime.py) or a real containerd, which predates the
-//! streaming lists; the clients are grpcio, raw HTTP/2 frames and
+//! (tests/peers/cri_runtime.py) or a real containerd, which serves the
+//! streaming lists from 2.4 on; the clients are grpcio, raw HTTP/2 frames and
 //! crr-proxy's own.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail loudly by design
 
@@ -15,8 +15,9 @@ use crr_proxy::cri::v1::image_service_client::ImageServiceClient;
 use crr_proxy::cri::v1::{
     CheckpointContainerRequest, ContainerConfig, ContainerMetadata, CreateContainerRequest,
     KeyValue, ListContainersRequest, StreamContainerStatsRequest, StreamContainersRequest,
-    StreamImagesRequest, StreamPodSandboxMetricsRequest, StreamPodSandboxStatsRequest,
-    StreamPodSandboxesRequest,
+    StreamContainersResponse, StreamImagesRequest, StreamImagesResponse,
+    StreamPodSandboxMetricsRequest, StreamPodSandboxStatsRequest, StreamPodSandboxesRequest,
+    StreamPodSandboxesResponse,
 };
 use crr_proxy::proxy::{Endpoint, Proxy, Routes};
 use prost::Message;
@@ -29,6 +30,7 @@ use support::{ProxyUnderTest, raw};
 const RUNTIME: &str = "/runtime.v1.RuntimeService/";
 const STREAM_IMAGES: &str = "/runtime.v1.ImageService/StreamImages";
 const STREAM_CONTAINERS: &str = "/runtime.v1.RuntimeService/StreamContainers";
+const STREAM_SANDBOXES: &str = "/runtime.v1.RuntimeService/StreamPodSandboxes";
 
 /// KEP-5825's six streaming lists.
 fn lists() -> Vec<String> {
@@ -190,12 +192,17 @@ async fn own_stream<T: Message + Default + PartialEq + Debug>(
     assert!(got == sent, "own client, {path}: the responses differ");
 }
 
-/// containerd predates the streaming lists: its UNIMPLEMENTED reaches each
-/// client as it is (kubelet then falls back to the unary lists), and the same
-/// connection goes on with the unary list.
+/// A real containerd's answer to the streaming lists reaches each client as
+/// it is, and the same connection goes on with the unary list. Before 2.4
+/// containerd predates them and says UNIMPLEMENTED (kubelet then falls back
+/// to the unary lists); from 2.4 on it serves them
+/// ([`the_streaming_lists_of_containerd_2_4_list_through_crr_proxy_what_they_list_directly`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_older_runtime_says_unimplemented_and_the_connection_goes_on() {
+async fn a_real_containerds_answer_to_the_streaming_lists_reaches_each_client() {
     let ctrd = Containerd::start().unwrap();
+    if support::containerd::serves_streaming_lists().unwrap() {
+        return the_streaming_lists_of_containerd_2_4_list_through_crr_proxy_what_they_list_directly(&ctrd).await;
+    }
     for (route, proxy) in proxies(ctrd.endpoint()) {
         let mut grpc = GrpcPeer::start_with(&proxy.socket, &["--authority", "localhost"]);
         for path in [STREAM_CONTAINERS, STREAM_IMAGES] {
@@ -417,4 +424,102 @@ async fn an_edited_status_keeps_the_fields_the_editor_does_not_know() {
             None
         )))
     );
+}
+
+/// containerd 2.4 serves the streaming lists: with a sandbox and a
+/// container running, each client (grpcio, raw HTTP/2 frames, crr-proxy's
+/// own) gets through crr-proxy, on both routes, the sandboxes, containers
+/// and images it gets from containerd directly. (containerd sends up to
+/// 5 000 items a message, so here each stream is one message; message by
+/// message relaying is shown on the scripted runtime above.)
+async fn the_streaming_lists_of_containerd_2_4_list_through_crr_proxy_what_they_list_directly(
+    ctrd: &Containerd,
+) {
+    let mut direct = support::client(&ctrd.endpoint());
+    let (sandbox, pod) = support::pods::run_pod(&mut direct, "streamed", &ctrd.scratch("logs"))
+        .await
+        .unwrap();
+    let container =
+        support::pods::start_container(&mut direct, &sandbox, &pod, "app", &["sleep", "600"])
+            .await
+            .unwrap();
+    let paths = [STREAM_CONTAINERS, STREAM_SANDBOXES, STREAM_IMAGES];
+    let mut grpc = GrpcPeer::start_with(&ctrd.socket(), &["--authority", "localhost"]);
+    let listed: Vec<Vec<String>> = paths
+        .iter()
+        .map(|path| {
+            let (got, end) = tokio::task::block_in_place(|| grpc.stream(path, &[], 10, |_, _| {}));
+            assert_eq!(end["code"], "OK", "directly, {path}: {end}");
+            ids(path, &got)
+        })
+        .collect();
+    assert_eq!(listed[0], vec![container], "{listed:?}");
+    assert_eq!(listed[1], vec![sandbox], "{listed:?}");
+    assert_eq!(listed[2].len(), 2, "busybox and pause: {listed:?}");
+
+    for (route, proxy) in proxies(ctrd.endpoint()) {
+        let mut grpc = GrpcPeer::start_with(&proxy.socket, &["--authority", "localhost"]);
+        for (path, listed) in paths.iter().zip(&listed) {
+            let (got, end) = tokio::task::block_in_place(|| grpc.stream(path, &[], 10, |_, _| {}));
+            assert_eq!(end["code"], "OK", "grpcio, {route}, {path}: {end}");
+            assert_eq!(&ids(path, &got), listed, "grpcio, {route}, {path}");
+            let figures = h2_peer("cri-call", &proxy.socket, &["--path", path])
+                .await
+                .unwrap();
+            let got: Vec<Vec<u8>> = figures["messages"]
+                .as_array()
+                .unwrap_or_else(|| panic!("{route}, {path}: {}", brief(&figures)))
+                .iter()
+                .map(|m| from_hex(m.as_str().unwrap()))
+                .collect();
+            assert_eq!(&ids(path, &got), listed, "raw HTTP/2, {route}, {path}");
+        }
+        let mut client = proxy.client();
+        let mut own = Vec::new();
+        let mut stream = client
+            .stream_containers(StreamContainersRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        while let Some(message) = stream.message().await.unwrap() {
+            own.extend(message.containers.into_iter().map(|c| c.id));
+        }
+        assert_eq!(own, listed[0], "own client, {route}");
+        client
+            .list_containers(ListContainersRequest::default())
+            .await
+            .unwrap_or_else(|e| panic!("{route}: {e}"));
+    }
+}
+
+/// The IDs a streaming list's responses name, sorted (containerd lists
+/// from a map).
+fn ids(path: &str, messages: &[Vec<u8>]) -> Vec<String> {
+    let mut ids: Vec<String> = messages
+        .iter()
+        .flat_map(|message| -> Vec<String> {
+            match path {
+                STREAM_CONTAINERS => StreamContainersResponse::decode(&message[..])
+                    .unwrap()
+                    .containers
+                    .into_iter()
+                    .map(|c| c.id)
+                    .collect(),
+                STREAM_SANDBOXES => StreamPodSandboxesResponse::decode(&message[..])
+                    .unwrap()
+                    .pod_sandboxes
+                    .into_iter()
+                    .map(|p| p.id)
+                    .collect(),
+                _ => StreamImagesResponse::decode(&message[..])
+                    .unwrap()
+                    .images
+                    .into_iter()
+                    .map(|i| i.id)
+                    .collect(),
+            }
+        })
+        .collect();
+    ids.sort();
+    ids
 }

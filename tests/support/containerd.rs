@@ -545,8 +545,13 @@ fn path_with(dir: &Path) -> Result<OsString> {
 /// config format. Asked once per test binary: `containerd --version` prints
 /// `containerd github.com/containerd/containerd/v2 2.1.9+unknown`.
 pub fn containerd_major() -> Result<u32> {
-    static MAJOR: OnceLock<Result<u32, String>> = OnceLock::new();
-    MAJOR
+    Ok(containerd_version()?.0)
+}
+
+/// The (major, minor) version of the containerd under test.
+pub fn containerd_version() -> Result<(u32, u32)> {
+    static VERSION: OnceLock<Result<(u32, u32), String>> = OnceLock::new();
+    VERSION
         .get_or_init(|| {
             let containerd = binary("containerd").map_err(|e| format!("{e:#}"))?;
             let out = Command::new(&containerd)
@@ -554,19 +559,31 @@ pub fn containerd_major() -> Result<u32> {
                 .output()
                 .map_err(|e| format!("run {} --version: {e}", containerd.display()))?;
             let text = String::from_utf8_lossy(&out.stdout).into_owned();
-            text.split_whitespace()
+            // "containerd github.com/containerd/containerd/v2 v2.3.7 " or
+            // "containerd github.com/containerd/containerd 1.6.20~ds1 ".
+            let mut parts = text
+                .split_whitespace()
                 .nth(2)
-                .and_then(|version| version.trim_start_matches('v').split('.').next())
-                .and_then(|major| major.parse().ok())
-                .ok_or_else(|| {
-                    format!(
-                        "no version in `{} --version`: {text:?}",
-                        containerd.display()
-                    )
-                })
+                .unwrap_or_default()
+                .trim_start_matches('v')
+                .split(['.', '~', '+', '-'])
+                .map(str::parse::<u32>);
+            match (parts.next(), parts.next()) {
+                (Some(Ok(major)), Some(Ok(minor))) => Ok((major, minor)),
+                _ => Err(format!(
+                    "no version in `{} --version`: {text:?}",
+                    containerd.display()
+                )),
+            }
         })
         .clone()
         .map_err(anyhow::Error::msg)
+}
+
+/// Whether the containerd under test serves KEP-5825's streaming lists
+/// (`StreamContainers` and the rest): 2.4 and later.
+pub fn serves_streaming_lists() -> Result<bool> {
+    Ok(containerd_version()? >= (2, 4))
 }
 
 fn which(binary: &str) -> Result<PathBuf> {
