@@ -40,11 +40,21 @@ const METHODS: &[(&str, &str)] = &[
     ("RuntimeService", "ListPodSandboxMetrics"),
     ("RuntimeService", "RuntimeConfig"),
     ("RuntimeService", "UpdatePodSandboxResources"),
+    // Kubernetes 1.37's CRI: KEP-5825's streaming lists (kubelet's gate
+    // CRIListStreaming; served from containerd 2.4) and the Pod checkpoints.
+    ("RuntimeService", "StreamPodSandboxes"),
+    ("RuntimeService", "StreamContainers"),
+    ("RuntimeService", "StreamContainerStats"),
+    ("RuntimeService", "StreamPodSandboxStats"),
+    ("RuntimeService", "StreamPodSandboxMetrics"),
+    ("RuntimeService", "CheckpointPod"),
+    ("RuntimeService", "RestorePod"),
     ("ImageService", "ListImages"),
     ("ImageService", "ImageStatus"),
     ("ImageService", "PullImage"),
     ("ImageService", "RemoveImage"),
     ("ImageService", "ImageFsInfo"),
+    ("ImageService", "StreamImages"),
 ];
 
 /// Upper bounds of the latency buckets, in seconds.
@@ -512,6 +522,20 @@ mod tests {
             METHODS[Metrics::method_index(CriMethod::parse("/runtime.v1.ImageService/PullImage"))]
                 .1,
             "PullImage"
+        );
+        // Kubernetes 1.37's streaming lists have names of their own.
+        assert_eq!(
+            METHODS[Metrics::method_index(CriMethod::parse(
+                "/runtime.v1.RuntimeService/StreamContainers"
+            ))]
+            .1,
+            "StreamContainers"
+        );
+        assert_eq!(
+            METHODS
+                [Metrics::method_index(CriMethod::parse("/runtime.v1.ImageService/StreamImages"))]
+            .1,
+            "StreamImages"
         );
         assert_eq!(
             Metrics::method_index(CriMethod::parse("/runtime.v1.RuntimeService/NoSuch")),

@@ -15,6 +15,7 @@ mod relay;
 mod restart;
 mod rules;
 mod standalone;
+mod streaming;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -132,6 +133,16 @@ fn recreate(cluster: &mut Cluster, namespace: &str, crr: &str, pod: &str, restar
 /// CRI calls by `Service/Method`, from a `/metrics` text.
 fn cri_calls(metrics: &str) -> BTreeMap<String, u64> {
     let mut calls = BTreeMap::new();
+    for ((method, _code), count) in cri_calls_by_code(metrics) {
+        *calls.entry(method).or_default() += count;
+    }
+    calls
+}
+
+/// CRI calls by `Service/Method` and gRPC code (`OK`, `UNIMPLEMENTED`),
+/// from a `/metrics` text.
+fn cri_calls_by_code(metrics: &str) -> BTreeMap<(String, String), u64> {
+    let mut calls = BTreeMap::new();
     for line in metrics.lines() {
         let Some(rest) = line.strip_prefix("crr_proxy_cri_requests_total{") else {
             continue;
@@ -149,7 +160,10 @@ fn cri_calls(metrics: &str) -> BTreeMap<String, u64> {
             .and_then(|v| v.parse().ok())
             .unwrap_or_default();
         *calls
-            .entry(format!("{}/{}", label("service"), label("method")))
+            .entry((
+                format!("{}/{}", label("service"), label("method")),
+                label("code"),
+            ))
             .or_default() += count;
     }
     calls
