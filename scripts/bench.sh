@@ -2,7 +2,9 @@
 # The benchmark in one command: installs containerd, runc, busybox-static
 # and socat when missing, and grpcio in a virtualenv under target/ (the
 # second, independent client), then runs benches/latency.rs (release
-# build), which starts its own private containerd; then builds (or finds
+# build), which starts its own private containerd: Debian's 1.6, then the
+# 2.3 long-term-support line built as the test command builds it
+# (CRR_BENCH_LTS=0 skips that run); then builds (or finds
 # cached) Kubernetes and OpenKruise as the test command does and runs
 # benches/beside_kruise.rs, crr-proxy's agent beside kruise-daemon on a
 # private real cluster (CRR_BENCH_SIDE=0 skips it). As root.
@@ -11,6 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/deps.sh
+source scripts/lib/containerd_go.sh
 source scripts/lib/kube.sh
 source scripts/lib/kruise.sh
 ensure_root
@@ -32,6 +35,12 @@ if [[ ! -x $venv/bin/python ]] || ! "$venv/bin/python" -c 'import grpc' 2>/dev/n
   "$venv/bin/pip" install -q grpcio
 fi
 CRR_BENCH_PYTHON=$PWD/$venv/bin/python cargo bench --locked --bench latency
+if [[ ${CRR_BENCH_LTS:-1} != 0 ]]; then
+  ensure_containerd_go
+  echo "== containerd $("$CRR_TEST_CONTAINERD_LTS/containerd" --version | awk '{ print $3 }')"
+  CRR_TEST_CONTAINERD="$CRR_TEST_CONTAINERD_LTS" CRR_BENCH_PYTHON=$PWD/$venv/bin/python \
+    cargo bench --locked --bench latency
+fi
 if [[ ${CRR_BENCH_SIDE:-100} != 0 ]]; then
   ensure_kubernetes
   ensure_kruise
