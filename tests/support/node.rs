@@ -51,7 +51,7 @@ impl Agent {
 
 /// kubelet's `evictionHard` on a test node: thresholds this machine is
 /// always above, so that a fuller disk never evicts a test's Pods.
-pub const EVICTION_HARD: &str = r#"{"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%", "nodefs.inodesFree": "1%"}"#;
+const EVICTION_HARD: &str = r#"{"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%", "nodefs.inodesFree": "1%"}"#;
 
 /// Fields drop in order: kubelet and crr-proxy are stopped in `drop`,
 /// then containerd removes what ran.
@@ -69,9 +69,10 @@ pub struct Node {
     kubelet: Option<Process>,
     /// kubelet's binary: the test build's, or another version's.
     kubelet_binary: PathBuf,
-    /// Top-level keys of kubelet's configuration file a test sets, as
-    /// YAML values (the file is read strictly: a key given twice is an
-    /// error, so these replace the defaults'), for kubelet's next start.
+    /// Top-level keys of kubelet's configuration file that a test may set,
+    /// as YAML values, for kubelet's next start: `evictionHard` and any key
+    /// the fixed part of the file leaves out (kubelet reads the file
+    /// strictly, so a key given twice is an error).
     kubelet_settings: BTreeMap<String, String>,
     bridge: String,
     pub containerd: Containerd,
