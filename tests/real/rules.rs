@@ -245,7 +245,15 @@ fn on_kubelet_1_35_restart_all_rules_give_way_to_the_containers_policy() {
             && message.contains("RestartAllContainersOnContainerExits off"),
         "{refused:#}"
     );
-    let recreated = |cluster: &mut Cluster, name: &str, reported: i64| {
+    // The CRR `crr` completed, and kubelet started `name`'s app again,
+    // told `reported`.
+    let recreated = |cluster: &mut Cluster, crr: &str, name: &str, reported: i64| {
+        let done = wait_crr_completed(cluster, "rules", crr);
+        assert_eq!(
+            done["status"]["containerRecreateStates"],
+            json!([{"name": "app", "phase": "Succeeded", "isKilled": true}]),
+            "{done:#}"
+        );
         let pod = wait_pod_ready(cluster, "rules", name).unwrap();
         let app = container_status(&pod, "app");
         assert_eq!(app["restartCount"], 1, "{name}: {pod:#}");
@@ -260,13 +268,7 @@ fn on_kubelet_1_35_restart_all_rules_give_way_to_the_containers_policy() {
             "{name}: {pod:#}"
         );
     };
-    let done = wait_crr_completed(&mut cluster, "rules", "crr-resets");
-    assert_eq!(
-        done["status"]["containerRecreateStates"],
-        json!([{"name": "app", "phase": "Succeeded", "isKilled": true}]),
-        "{done:#}"
-    );
-    recreated(&mut cluster, "resets", 137);
+    recreated(&mut cluster, "crr-resets", "resets", 137);
 
     // The gate set off in kubelet's file: crr-proxy reads it before the
     // kill, and the real 143 goes to kubelet as it is.
@@ -282,11 +284,5 @@ fn on_kubelet_1_35_restart_all_rules_give_way_to_the_containers_policy() {
         "every-exit",
         &["app"],
     );
-    let done = wait_crr_completed(&mut cluster, "rules", "crr-every-exit-2");
-    assert_eq!(
-        done["status"]["containerRecreateStates"],
-        json!([{"name": "app", "phase": "Succeeded", "isKilled": true}]),
-        "{done:#}"
-    );
-    recreated(&mut cluster, "every-exit", 143);
+    recreated(&mut cluster, "crr-every-exit-2", "every-exit", 143);
 }

@@ -22,7 +22,6 @@ use std::io::Write;
 use std::net::{TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -118,6 +117,24 @@ impl Process {
                 self.child = None;
                 bail!("{} exited ({status}):\n{}", self.name, tail(&self.log, 40));
             }
+        }
+        Ok(())
+    }
+
+    /// Waits up to `limit` until `addr` accepts a TCP connection; fails,
+    /// with the log's tail, when the process exits first or the time runs out.
+    pub fn wait_listening(&mut self, addr: &str, limit: Duration) -> Result<()> {
+        let deadline = Instant::now() + limit;
+        while std::net::TcpStream::connect(addr).is_err() {
+            self.check()?;
+            if Instant::now() > deadline {
+                bail!(
+                    "{} did not listen on {addr} within {limit:?}:\n{}",
+                    self.name,
+                    tail(&self.log, 20)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
         Ok(())
     }
@@ -229,14 +246,7 @@ impl Cluster {
         ] {
             binary(name)?;
         }
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "crr-kube-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir)?;
+        let dir = super::fresh_dir("crr-kube")?;
         let host_ip = host_ip()?;
         let pki = Pki::create(&dir.join("pki"))?;
         let serving = pki.server(

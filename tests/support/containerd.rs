@@ -11,7 +11,6 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -55,13 +54,7 @@ impl Containerd {
                 }
             }
         }
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "crr-ctrd-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = fs::remove_dir_all(&dir);
+        let dir = super::fresh_dir("crr-ctrd")?;
         fs::create_dir_all(dir.join("cni/net.d"))?;
         let mut this = Self { dir, child: None };
         fs::write(this.config_path(), this.config()?)?;

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
 use super::cluster::{Cluster, Process, free_port, write_kubeconfig};
@@ -125,14 +125,8 @@ impl KruiseManager {
             },
         )?;
         // Registered is not serving: wait for its readiness check.
-        let started = std::time::Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            this.process.check()?;
-            if started.elapsed() > Duration::from_secs(60) {
-                bail!("kruise-manager's webhook does not listen on {port}");
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        this.process
+            .wait_listening(&format!("127.0.0.1:{port}"), Duration::from_secs(60))?;
         Ok(this)
     }
 

@@ -113,16 +113,25 @@ pub fn client(endpoint: &Endpoint) -> RuntimeClient {
     cri::runtime_client(cri::channel(endpoint))
 }
 
-/// A fresh socket path in a fresh temp directory.
-pub fn temp_socket(name: &str) -> PathBuf {
+/// A new, empty temp directory `<prefix>-<process>-<n>`: what a run of
+/// this process left there before is removed.
+pub fn fresh_dir(prefix: &str) -> std::io::Result<PathBuf> {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     let dir = std::env::temp_dir().join(format!(
-        "crr-test-{}-{}",
+        "{prefix}-{}-{}",
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     ));
-    std::fs::create_dir_all(&dir).expect("create temp dir");
-    dir.join(format!("{name}.sock"))
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// A fresh socket path in a fresh temp directory.
+pub fn temp_socket(name: &str) -> PathBuf {
+    fresh_dir("crr-test")
+        .expect("create temp dir")
+        .join(format!("{name}.sock"))
 }
 
 pub fn remove_socket_dir(socket: &Path) {

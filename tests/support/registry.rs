@@ -6,15 +6,13 @@
 //! told (it does so for any loopback host), so its configuration stays as it is.
 
 use std::fs;
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-use super::cluster::{Process, free_port, tail};
+use super::cluster::{Process, free_port};
 use super::containerd::on_path;
 use super::images;
 
@@ -38,14 +36,7 @@ impl Registry {
                 );
             }
         }
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "crr-registry-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir)?;
+        let dir = super::fresh_dir("crr-registry")?;
         let host = format!("127.0.0.1:{}", free_port("127.0.0.1")?);
         let config = dir.join("config.yml");
         fs::write(
@@ -62,17 +53,7 @@ impl Registry {
             Command::new(REGISTRY).arg("serve").arg(&config),
             &dir.join("registry.log"),
         )?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(&host).is_err() {
-            process.check()?;
-            if Instant::now() > deadline {
-                bail!(
-                    "{REGISTRY} did not listen on {host}:\n{}",
-                    tail(&process.log, 20)
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        process.wait_listening(&host, Duration::from_secs(10))?;
         Ok(Self { host, dir, process })
     }
 
