@@ -4,11 +4,13 @@
 # kustomize into private folders, a Debian root with systemd (debootstrap)
 # for the systemd test, and the Python test peers into a private virtualenv,
 # then builds containerd 2.3 and 2.4, Kubernetes v1.37.2 (and a kubelet
-# v1.35.4) and OpenKruise v1.9.0 from their Go modules (containerd_go.sh,
-# kube.sh, kruise.sh; cached by version), then checks formatting and lints,
+# v1.35.4), OpenKruise v1.9.0 and cri-tools v1.37.0 (critest, crictl) from
+# their Go modules (containerd_go.sh, kube.sh, kruise.sh, critools.sh;
+# cached by version), then checks formatting and lints,
 # and runs every test (unit, integration against a private real containerd,
 # and on a private real Kubernetes) on containerd 1.6, the containerd tests
-# once more on 2.3, and the relay's own ones on 2.1 and 2.4.
+# once more on 2.3, and the relay's own ones (critest and crictl among
+# them) on 2.1 and 2.4.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/deps.sh
@@ -19,6 +21,7 @@ source scripts/lib/kustomize.sh
 source scripts/lib/nspawn.sh
 source scripts/lib/kube.sh
 source scripts/lib/kruise.sh
+source scripts/lib/critools.sh
 ensure_root
 ensure_packages
 ensure_containerd2
@@ -29,6 +32,7 @@ ensure_peers
 ensure_kubernetes
 ensure_older_kubelet
 ensure_kruise
+ensure_critools
 
 cargo fmt --check
 cargo clippy --all-targets --locked -- -D warnings
@@ -63,13 +67,15 @@ CRR_TEST_CONTAINERD="$CRR_TEST_CONTAINERD_LTS" cargo test --locked "${containerd
   --skip kruise_master:: --skip standalone_v1beta1:: 2>&1 |
   tee -a "$log" || status=$?
 # The relay's own tests that start a containerd (the CRI through crr-proxy
-# as directly, by three clients; a runtime that goes away; the newest CRI)
-# on Debian sid's 2.1 and on 2.4, the newest line: the whole suite on 2.1
-# as well would take CI past its time, and 2.3 is the line nodes run.
+# as directly, by three clients, critest and crictl; a runtime that goes
+# away; the newest CRI) on Debian sid's 2.1 and on 2.4, the newest line:
+# the whole suite on 2.1 as well would take CI past its time, and 2.3 is
+# the line nodes run.
 for dir in "$CRR_TEST_CONTAINERD2" "$CRR_TEST_CONTAINERD_NEWEST"; do
   echo "== the relay's containerd tests, containerd $("$dir/containerd" --version | awk '{ print $3 }')"
   CRR_TEST_CONTAINERD="$dir" cargo test --locked \
-    --test containerd --test crash --test cri_newest --test peers 2>&1 |
+    --test containerd --test crash --test cri_newest --test peers \
+    --test critest --test crictl 2>&1 |
     tee -a "$log" || status=$?
 done
 # kubelet's streaming lists (its alpha gate CRIListStreaming) on the line

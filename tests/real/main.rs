@@ -17,7 +17,6 @@ mod rules;
 mod standalone;
 mod streaming;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -25,6 +24,7 @@ use anyhow::Result;
 use serde_json::{Value, json};
 use support::cluster::Cluster;
 use support::images::BUSYBOX_IMAGE;
+use support::metrics::{cri_calls, cri_calls_by_code};
 
 const CRR_PROXY: &str = env!("CARGO_BIN_EXE_crr-proxy");
 
@@ -128,43 +128,4 @@ fn recreate(cluster: &mut Cluster, namespace: &str, crr: &str, pod: &str, restar
     );
     let after = wait_pod_ready(cluster, namespace, pod).unwrap();
     assert_eq!(restart_count(&after, "app"), restarts, "{after:#}");
-}
-
-/// CRI calls by `Service/Method`, from a `/metrics` text.
-fn cri_calls(metrics: &str) -> BTreeMap<String, u64> {
-    let mut calls = BTreeMap::new();
-    for ((method, _code), count) in cri_calls_by_code(metrics) {
-        *calls.entry(method).or_default() += count;
-    }
-    calls
-}
-
-/// CRI calls by `Service/Method` and gRPC code (`OK`, `UNIMPLEMENTED`),
-/// from a `/metrics` text.
-fn cri_calls_by_code(metrics: &str) -> BTreeMap<(String, String), u64> {
-    let mut calls = BTreeMap::new();
-    for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("crr_proxy_cri_requests_total{") else {
-            continue;
-        };
-        let label = |name: &str| {
-            rest.split(&format!("{name}=\""))
-                .nth(1)
-                .and_then(|v| v.split('"').next())
-                .unwrap_or_default()
-                .to_owned()
-        };
-        let count: u64 = line
-            .rsplit(' ')
-            .next()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_default();
-        *calls
-            .entry((
-                format!("{}/{}", label("service"), label("method")),
-                label("code"),
-            ))
-            .or_default() += count;
-    }
-    calls
 }

@@ -56,6 +56,7 @@ impl Containerd {
         }
         let dir = super::fresh_dir("crr-ctrd")?;
         fs::create_dir_all(dir.join("cni/net.d"))?;
+        fs::create_dir_all(dir.join("certs.d"))?;
         let mut this = Self { dir, child: None };
         fs::write(this.config_path(), this.config()?)?;
         this.launch()?;
@@ -80,6 +81,13 @@ impl Containerd {
 
     pub fn endpoint(&self) -> Endpoint {
         Endpoint::from_path(self.socket())
+    }
+
+    /// The folder of containerd's registry hosts (`<host>/hosts.toml`, and
+    /// `_default/hosts.toml` for any host without its own; read at each
+    /// pull). Empty: every registry as containerd reaches it by default.
+    pub fn registry_hosts_dir(&self) -> PathBuf {
+        self.dir.join("certs.d")
     }
 
     /// The folder containerd loads CNI network configurations from (it
@@ -284,7 +292,7 @@ disabled_plugins = [
     bin_dir = "/usr/lib/cni"
     conf_dir = "{dir}/cni/net.d"
   [plugins."io.containerd.grpc.v1.cri".registry]
-    config_path = ""
+    config_path = "{dir}/certs.d"
 
 {tail}"#,
             sockets = self.sockets(),
@@ -338,7 +346,7 @@ disabled_plugins = [
   [plugins."io.containerd.cri.v1.images".pinned_images]
     sandbox = "{pause}"
   [plugins."io.containerd.cri.v1.images".registry]
-    config_path = ""
+    config_path = "{dir}/certs.d"
 
 [plugins."io.containerd.cri.v1.runtime"]
   enable_selinux = false

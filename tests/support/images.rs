@@ -1,6 +1,8 @@
 //! Two tiny OCI images built locally from Debian's busybox-static, so tests
 //! need no registry: `localhost/busybox:test` (a shell and the applets) and
-//! `localhost/pause:test` (a sandbox process that exits on SIGTERM).
+//! `localhost/pause:test` (a sandbox process that exits on SIGTERM); and
+//! variants of busybox with a config and files of their own
+//! ([`build_variant`]), the stand-ins for the images critest pulls.
 
 use std::io::Write;
 use std::path::Path;
@@ -31,23 +33,80 @@ pub fn build(dir: &Path) -> Result<[std::path::PathBuf; 2]> {
     write_image(
         &busybox_tar,
         BUSYBOX_IMAGE,
-        &layer,
-        &format!(
-            r#"{{"Env":[{}],"Cmd":["sh"],"WorkingDir":"/"}}"#,
-            json_str(PATH_ENV)
-        ),
+        &[&layer],
+        &busybox_config(r#""Cmd":["sh"]"#),
     )?;
-    write_image(
-        &pause_tar,
-        PAUSE_IMAGE,
-        &layer,
-        &format!(
-            r#"{{"Env":[{}],"Entrypoint":["/bin/sh","-c",{}],"WorkingDir":"/"}}"#,
-            json_str(PATH_ENV),
-            json_str(PAUSE_SCRIPT)
-        ),
-    )?;
+    write_image(&pause_tar, PAUSE_IMAGE, &[&layer], &pause_config())?;
     Ok([busybox_tar, pause_tar])
+}
+
+/// The image config of an image of busybox: its PATH and working dir, and
+/// `fields` (JSON members: `"Cmd":[...]`, `"User":"..."`, ...).
+pub fn busybox_config(fields: &str) -> String {
+    format!(
+        r#"{{"Env":[{}],{fields},"WorkingDir":"/"}}"#,
+        json_str(PATH_ENV)
+    )
+}
+
+/// The image config of the pause image.
+pub fn pause_config() -> String {
+    busybox_config(&format!(
+        r#""Entrypoint":["/bin/sh","-c",{}]"#,
+        json_str(PAUSE_SCRIPT)
+    ))
+}
+
+/// Writes an OCI archive of busybox named `name`, with `image_config` (see
+/// [`busybox_config`]) and a layer on top holding `files` (path, mode,
+/// content; in folders of mode 0755), which may replace busybox's own
+/// (`etc/passwd`, `etc/group`).
+pub fn build_variant(
+    out: &Path,
+    name: &str,
+    image_config: &str,
+    files: &[(&str, u32, &[u8])],
+) -> Result<()> {
+    let busybox = std::fs::read(BUSYBOX_BINARY).with_context(|| {
+        format!("read {BUSYBOX_BINARY}: install it with `apt-get install busybox-static`")
+    })?;
+    let base = rootfs_layer(&busybox)?;
+    if files.is_empty() {
+        return write_image(out, name, &[&base], image_config);
+    }
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut folders = std::collections::BTreeSet::new();
+    for (path, mode, content) in files {
+        let mut parent = Path::new(path).parent();
+        let mut missing = Vec::new();
+        while let Some(folder) = parent.filter(|p| !p.as_os_str().is_empty()) {
+            if folders.insert(folder.to_owned()) {
+                missing.push(folder);
+            }
+            parent = folder.parent();
+        }
+        for folder in missing.into_iter().rev() {
+            let folder = folder.to_string_lossy();
+            append(
+                &mut tar,
+                &folder,
+                tar::EntryType::Directory,
+                0o755,
+                b"",
+                None,
+            )?;
+        }
+        append(
+            &mut tar,
+            path,
+            tar::EntryType::Regular,
+            *mode,
+            content,
+            None,
+        )?;
+    }
+    let top = tar.into_inner()?;
+    write_image(out, name, &[&base, &top], image_config)
 }
 
 fn rootfs_layer(busybox: &[u8]) -> Result<Vec<u8>> {
@@ -141,21 +200,33 @@ fn append(
 
 /// One image as an OCI layout packed in a tar, named through the
 /// `io.containerd.image.name` annotation that `ctr images import` honours.
-fn write_image(out: &Path, name: &str, layer: &[u8], image_config: &str) -> Result<()> {
+fn write_image(out: &Path, name: &str, layers: &[&[u8]], image_config: &str) -> Result<()> {
     let arch = match std::env::consts::ARCH {
         "x86_64" => "amd64",
         "aarch64" => "arm64",
         other => other,
     };
-    let layer_digest = digest(layer);
+    // Uncompressed layers: a layer's digest is its diff ID.
+    let diff_ids: Vec<String> = layers.iter().map(|l| json_str(&digest(l))).collect();
     let config = format!(
-        r#"{{"architecture":"{arch}","os":"linux","config":{image_config},"rootfs":{{"type":"layers","diff_ids":["{layer_digest}"]}}}}"#
+        r#"{{"architecture":"{arch}","os":"linux","config":{image_config},"rootfs":{{"type":"layers","diff_ids":[{}]}}}}"#,
+        diff_ids.join(",")
     );
+    let descriptors: Vec<String> = layers
+        .iter()
+        .map(|l| {
+            format!(
+                r#"{{"mediaType":"{MT_LAYER}","digest":"{}","size":{}}}"#,
+                digest(l),
+                l.len()
+            )
+        })
+        .collect();
     let manifest = format!(
-        r#"{{"schemaVersion":2,"mediaType":"{MT_MANIFEST}","config":{{"mediaType":"{MT_CONFIG}","digest":"{}","size":{}}},"layers":[{{"mediaType":"{MT_LAYER}","digest":"{layer_digest}","size":{}}}]}}"#,
+        r#"{{"schemaVersion":2,"mediaType":"{MT_MANIFEST}","config":{{"mediaType":"{MT_CONFIG}","digest":"{}","size":{}}},"layers":[{}]}}"#,
         digest(config.as_bytes()),
         config.len(),
-        layer.len()
+        descriptors.join(",")
     );
     let tag = name.rsplit_once(':').map_or("latest", |(_, tag)| tag);
     let index = format!(
@@ -183,7 +254,11 @@ fn write_image(out: &Path, name: &str, layer: &[u8], image_config: &str) -> Resu
         b"",
         None,
     )?;
-    for blob in [layer, config.as_bytes(), manifest.as_bytes()] {
+    for blob in layers
+        .iter()
+        .copied()
+        .chain([config.as_bytes(), manifest.as_bytes()])
+    {
         let hex = digest(blob);
         let hex = hex.trim_start_matches("sha256:");
         append(

@@ -12,6 +12,7 @@ pub mod images;
 pub mod interposer;
 pub mod kruise;
 pub mod kubelet;
+pub mod metrics;
 pub mod node;
 pub mod patch;
 pub mod peers;

@@ -68,7 +68,9 @@ impl Registry {
         self.push(&archives.join("busybox.oci.tar"), name)
     }
 
-    fn push(&self, archive: &Path, name: &str) -> Result<String> {
+    /// Pushes the OCI archive `archive` as `<host>/<name>`; returns that
+    /// reference.
+    pub fn push(&self, archive: &Path, name: &str) -> Result<String> {
         let reference = format!("{}/{name}", self.host);
         let out = Command::new(SKOPEO)
             .args(["copy", "--quiet", "--dest-tls-verify=false"])
