@@ -898,3 +898,55 @@ fn without_a_kubelet_configuration_nothing_claims_kubelet_was_switched() {
     assert!(stderr.contains("kubelet is not switched"), "{stderr}");
     support::remove_socket_dir(&socket);
 }
+
+/// kubelet reads JSON as well as YAML (EKS AL2023's nodeadm writes
+/// config.json): install.sh never edits one, says what to do instead, and
+/// `--kubelet-only` fails; the same for YAML in flow style. Given a
+/// --config-dir, its drop-in switches kubelet and the file stays as it is.
+#[test]
+fn a_json_configuration_is_never_edited_and_a_config_dir_switches_kubelet() {
+    const CONFIG: &str = "/etc/kubernetes/kubelet/config.json";
+    let json = format!(
+        "{{\n  \"apiVersion\": \"kubelet.config.k8s.io/v1beta1\",\n  \"kind\": \"KubeletConfiguration\",\n  \"containerRuntimeEndpoint\": \"{CONTAINERD}\"\n}}\n"
+    );
+    let flow = format!(
+        "# kubelet\n{{kind: KubeletConfiguration, containerRuntimeEndpoint: {CONTAINERD}}}\n"
+    );
+    for (name, text) in [("install-json", &json), ("install-flow", &flow)] {
+        let rel = CONFIG.trim_start_matches('/');
+        let (socket, root) = node_with(name, &[(rel, text)]);
+        let said = install(&root, &["--kubelet-config", CONFIG]);
+        assert!(said.contains("is JSON (or YAML in flow style)"), "{said}");
+        assert_eq!(&read(&root, rel), text, "the configuration was edited");
+        assert!(!root.join("etc/crr-proxy/kubelet-switch").exists());
+        let out = Command::new("bash")
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/install.sh"))
+            .args(["--kubelet-only", "--kubelet-config", CONFIG])
+            .env("DESTDIR", &root)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert!(stderr.contains("kubelet is not switched"), "{stderr}");
+        assert_eq!(&read(&root, rel), text, "the configuration was edited");
+
+        // With a --config-dir, as nodeadm gives kubelet, the drop-in does it.
+        std::fs::create_dir_all(root.join("etc/default")).unwrap();
+        std::fs::write(
+            root.join(DEFAULTS),
+            "KUBELET_EXTRA_ARGS=--config-dir=/etc/kubernetes/kubelet/config.json.d\n",
+        )
+        .unwrap();
+        install(&root, &["--kubelet-config", CONFIG]);
+        assert_eq!(&read(&root, rel), text, "the configuration was edited");
+        kubelet_uses(&root, SOCKET);
+        install(&root, &["--uninstall", "--kubelet-config", CONFIG]);
+        assert_eq!(&read(&root, rel), text);
+        assert!(
+            !root
+                .join("etc/kubernetes/kubelet/config.json.d/99-crr-proxy.conf")
+                .exists()
+        );
+        support::remove_socket_dir(&socket);
+    }
+}

@@ -157,6 +157,26 @@ migrate_backup() {
   kubelet_touched=$touched
 }
 
+# True when the configuration file $1 is YAML of one key per line, the
+# only form switch_line edits. kubelet reads JSON as well (the EKS AL2023
+# layout writes config.json), and YAML's flow style is JSON-like: both
+# start with `{` (after comments and blank lines), and a line appended to
+# them parses as neither.
+block_yaml() {
+  local first
+  first="$(grep -v -E '^[[:space:]]*(#.*)?$' "$1" | head -n1 || true)"
+  [[ ! $first =~ ^[[:space:]]*[\{\[] ]]
+}
+
+# True when a flags file sets kubelet's --container-runtime-endpoint.
+runtime_flagged() {
+  local rel
+  for rel in "${flag_files[@]}"; do
+    [[ -f $root$rel && -n "$(flag_word "$root$rel" --container-runtime-endpoint)" ]] && return 0
+  done
+  return 1
+}
+
 # Points kubelet at the socket; sets kubelet_touched when a file changed.
 switch_kubelet() {
   local config="$root$kubelet_config" dir rel key keys=() dropin=() flagged
@@ -167,6 +187,14 @@ switch_kubelet() {
     return 1
   fi
   dir="$(config_dir)"
+  # The runtime endpoint goes into the --config file when neither a flag
+  # nor a --config-dir takes it; a file that switch_line cannot edit is
+  # refused before anything changes (kubelet would not start on it).
+  if [[ -z $dir && -f $config ]] && ! block_yaml "$config" && ! runtime_flagged; then
+    echo "install.sh: $kubelet_config is JSON (or YAML in flow style), which install.sh does not edit; kubelet is left as it is. Give kubelet a --config-dir (it merges the *.conf drop-ins there over --config), where install.sh writes one of its own, or set containerRuntimeEndpoint and imageServiceEndpoint to $socket in the file yourself" >&2
+    kubelet_unswitched=true
+    return 0
+  fi
   for key in containerRuntimeEndpoint imageServiceEndpoint; do
     flagged=false
     for rel in "${flag_files[@]}"; do
