@@ -11,6 +11,7 @@
 //! - [`config`]: the command line.
 //! - [`telemetry`]: logging setup.
 //! - [`notify`]: systemd's readiness notification.
+//! - [`watchdog`]: systemd's watchdog, pinged while the socket answers.
 //! - [`metrics`]: Prometheus metrics of the data path.
 //! - [`reason`]: why a container restarted, as kubelet is told.
 //! - [`manifests`]: the cluster objects of deploy/, for a configured Lease.
@@ -31,7 +32,7 @@
 //!   `restart_rules`, `metrics`, `manifests`, `listing` and `telemetry`.
 //! - The commands: `check` uses `agent`, `crr`, `cri` and `manifests`;
 //!   `restart` uses `crr`, `restart_rules` and `listing`; `admin` uses `cri`, `metrics`, `notify` and
-//!   `telemetry`.
+//!   `telemetry`; `watchdog` uses `cri`, `proxy` and `notify`.
 //! - Below those: `crr` (CRR types and facts), `kill`, `reason`, `metrics`
 //!   and `cri`; and at the bottom `records`, `restart_rules`, `manifests`,
 //!   `listing`, `version`, `notify` and `telemetry`, which use no other
@@ -57,6 +58,7 @@ pub mod restart;
 pub mod restart_rules;
 pub mod telemetry;
 pub mod version;
+pub mod watchdog;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -122,6 +124,10 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
     );
     if let Err(error) = notify::notify("READY=1") {
         tracing::warn!(%error, "could not notify systemd");
+    }
+    if let Some(watchdog) = watchdog::Watchdog::from_env() {
+        tracing::info!(period = ?watchdog.period, "pinging systemd's watchdog while the socket answers");
+        tokio::spawn(watchdog.run(config.listen.clone()));
     }
     // On shutdown the agent stops taking work and finishes the kills under
     // way while the proxy drains its calls, both within the drain bound;

@@ -714,3 +714,66 @@ async fn its_only_tcp_listener_is_metrics_on_loopback_and_the_socket_is_root_066
         support::remove_socket_dir(&listen);
     }
 }
+
+/// Under systemd's watchdog (WATCHDOG_USEC, as systemd sets it for
+/// `WatchdogSec=`), crr-proxy pings (`WATCHDOG=1`) while its socket answers
+/// a CRI call, a runtime that is down included (its UNAVAILABLE is an
+/// answer: restarting crr-proxy would not bring the runtime back), and no
+/// longer once the socket does not answer.
+#[test]
+fn the_watchdog_is_pinged_while_the_socket_answers_and_only_then() {
+    let listen = support::temp_socket("watchdog");
+    let notify_path = listen.with_file_name("notify");
+    let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).unwrap();
+    notify
+        .set_read_timeout(Some(std::time::Duration::from_millis(50)))
+        .unwrap();
+    let down = listen.with_file_name("no-runtime.sock");
+    let child = crr_proxy()
+        .args(["run", "--listen", listen.to_str().unwrap()])
+        .args(["--runtime-endpoint", &format!("unix://{}", down.display())])
+        .env("NOTIFY_SOCKET", &notify_path)
+        // A period of 0.6 s: a probe every 0.2 s.
+        .env("WATCHDOG_USEC", "600000")
+        .env("CRR_PROXY_LOG", "warn")
+        .spawn()
+        .unwrap();
+    struct Reaped(std::process::Child);
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Reaped(child);
+    // The pings systemd got within `within`.
+    let pings = |within: std::time::Duration| {
+        let deadline = std::time::Instant::now() + within;
+        let mut buf = [0u8; 4096];
+        let mut pings = 0;
+        while std::time::Instant::now() < deadline {
+            if let Ok(n) = notify.recv(&mut buf) {
+                pings += String::from_utf8_lossy(&buf[..n])
+                    .lines()
+                    .filter(|l| *l == "WATCHDOG=1")
+                    .count();
+            }
+        }
+        pings
+    };
+    let answered = pings(std::time::Duration::from_secs(2));
+    assert!(
+        answered >= 5,
+        "{answered} pings in 2 s with the runtime down"
+    );
+    // The socket gone (as if its accept loop were stuck): no answer, so no
+    // ping, though the process runs on.
+    std::fs::remove_file(&listen).unwrap();
+    pings(std::time::Duration::from_millis(300));
+    let unanswered = pings(std::time::Duration::from_secs(2));
+    assert_eq!(unanswered, 0, "pinged without an answer on the socket");
+    assert!(child.0.try_wait().unwrap().is_none(), "crr-proxy exited");
+    kill(Pid::from_raw(child.0.id() as i32), Signal::SIGTERM).unwrap();
+    assert!(child.0.wait().unwrap().success());
+    support::remove_socket_dir(&listen);
+}

@@ -208,6 +208,11 @@ fn child_of(parent: u32) -> Option<u32> {
 /// One CRI Version call on a new connection; containerd's answer as
 /// gRPC status and body.
 async fn version(socket: &Path) -> Result<(), String> {
+    version_within(socket, Duration::from_secs(10)).await
+}
+
+/// [`version`], waiting for the answer up to `within`.
+async fn version_within(socket: &Path, within: Duration) -> Result<(), String> {
     let call = async {
         let mut sender = raw::connect(socket).await?;
         let request = raw::grpc_request(
@@ -217,7 +222,7 @@ async fn version(socket: &Path) -> Result<(), String> {
         );
         raw::record(raw::send(&mut sender, request).await?).await
     };
-    match tokio::time::timeout(Duration::from_secs(10), call).await {
+    match tokio::time::timeout(within, call).await {
         Ok(Ok(recorded)) => {
             let status = recorded
                 .trailers
@@ -234,7 +239,7 @@ async fn version(socket: &Path) -> Result<(), String> {
             }
         }
         Ok(Err(error)) => Err(format!("{error:#}")),
-        Err(_) => Err("no answer in 10 s".into()),
+        Err(_) => Err(format!("no answer in {within:?}")),
     }
 }
 
@@ -377,6 +382,40 @@ async fn the_release_installs_and_runs_under_a_real_systemd() {
     assert_eq!(machine.active("crr-proxy.socket"), "active");
     assert_eq!(inode(&socket), listening);
     version(&socket).await.unwrap();
+
+    // Wedged (SIGSTOP): no answer on the socket, so no watchdog ping;
+    // systemd kills it after WatchdogSec and starts it again. A call made
+    // meanwhile waits in the socket's backlog and is answered then.
+    let before = machine.show("crr-proxy.service", "MainPID");
+    machine.ok(&format!("kill -STOP {before}"));
+    let stopped = Instant::now();
+    let waiting = tokio::spawn({
+        let socket = socket.clone();
+        async move { version_within(&socket, Duration::from_secs(120)).await }
+    });
+    let deadline = stopped + Duration::from_secs(120);
+    loop {
+        let pid = machine.show("crr-proxy.service", "MainPID");
+        if machine.active("crr-proxy.service") == "active" && pid != before && pid != "0" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a stopped crr-proxy was not replaced"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let replaced = stopped.elapsed();
+    waiting.await.unwrap().unwrap();
+    eprintln!("SIGSTOP: replaced after {replaced:?}, the waiting call answered");
+    assert!(
+        replaced >= Duration::from_secs(15),
+        "replaced before the watchdog's period: {replaced:?}"
+    );
+    assert_eq!(machine.show("crr-proxy.service", "NRestarts"), "2");
+    let journal = machine.ok("journalctl --no-pager -u crr-proxy.service");
+    assert!(journal.contains("Watchdog timeout"), "{journal}");
+    assert_eq!(inode(&socket), listening);
 
     // The hardening systemd itself scores for the running service.
     let security = machine.ok("systemd-analyze security --no-pager crr-proxy.service");
