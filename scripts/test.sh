@@ -41,11 +41,13 @@ cargo clippy --all-targets --locked -- -D warnings
 # per core): they mostly wait on containerd, kubelet or a grace period.
 # tests/agent took 425 s with two, using 0.43 cores; 226 s with four, 0.83.
 export RUST_TEST_THREADS=4
+# Every test binary runs though one fails (--no-fail-fast): a failure does
+# not hide what the binaries after it would say.
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 status=0
 echo "== the suite, containerd $(containerd --version | awk '{ print $3 }')"
-cargo test --locked --lib --bins --tests 2>&1 | tee "$log" || status=$?
+cargo test --locked --no-fail-fast --lib --bins --tests 2>&1 | tee "$log" || status=$?
 # The test binaries that start a containerd, again on 2.3.
 containerd_tests=()
 # (A test of several files is a folder with main.rs, as tests/agent/; a
@@ -63,7 +65,7 @@ echo "== the containerd tests, containerd $("$CRR_TEST_CONTAINERD_LTS/containerd
 # The agent scenarios on a v1beta1 cluster differ from the v1.9 ones in the
 # API server only; the v1.9 ones cover containerd 2.3. Every test on a real
 # Kubernetes runs on both.
-CRR_TEST_CONTAINERD="$CRR_TEST_CONTAINERD_LTS" cargo test --locked "${containerd_tests[@]}" -- \
+CRR_TEST_CONTAINERD="$CRR_TEST_CONTAINERD_LTS" cargo test --locked --no-fail-fast "${containerd_tests[@]}" -- \
   --skip kruise_master:: --skip standalone_v1beta1:: 2>&1 |
   tee -a "$log" || status=$?
 # The relay's own tests that start a containerd (the CRI through crr-proxy
@@ -73,7 +75,7 @@ CRR_TEST_CONTAINERD="$CRR_TEST_CONTAINERD_LTS" cargo test --locked "${containerd
 # the line nodes run.
 for dir in "$CRR_TEST_CONTAINERD2" "$CRR_TEST_CONTAINERD_NEWEST"; do
   echo "== the relay's containerd tests, containerd $("$dir/containerd" --version | awk '{ print $3 }')"
-  CRR_TEST_CONTAINERD="$dir" cargo test --locked \
+  CRR_TEST_CONTAINERD="$dir" cargo test --locked --no-fail-fast \
     --test containerd --test crash --test cri_newest --test peers \
     --test critest --test crictl 2>&1 |
     tee -a "$log" || status=$?
@@ -81,7 +83,7 @@ done
 # kubelet's streaming lists (its alpha gate CRIListStreaming) on the line
 # that serves them; on 1.6 and 2.3 the same test sees kubelet fall back.
 echo "== kubelet's streaming lists, containerd $("$CRR_TEST_CONTAINERD_NEWEST/containerd" --version | awk '{ print $3 }')"
-CRR_TEST_CONTAINERD="$CRR_TEST_CONTAINERD_NEWEST" cargo test --locked --test real streaming:: 2>&1 |
+CRR_TEST_CONTAINERD="$CRR_TEST_CONTAINERD_NEWEST" cargo test --locked --no-fail-fast --test real streaming:: 2>&1 |
   tee -a "$log" || status=$?
 awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
 exit "$status"
