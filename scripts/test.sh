@@ -41,7 +41,7 @@ cargo clippy --all-targets --locked -- -D warnings
 # per core): they mostly wait on containerd, kubelet or a grace period.
 # tests/agent took 425 s with two, using 0.43 cores; 226 s with four, 0.83.
 export RUST_TEST_THREADS=4
-# Every test binary runs though one fails (--no-fail-fast): a failure does
+# Every test binary runs even when one fails (--no-fail-fast): a failure does
 # not hide what the binaries after it would say.
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
