@@ -2,7 +2,9 @@
 //! by people who are not us), run twice on the containerd line of the test
 //! run (`CRR_TEST_CONTAINERD`): against a fresh private containerd directly,
 //! then against another through crr-proxy. Every spec must end the same way
-//! both times: the same passes, the same failures, the same skips.
+//! both times: the same passes, the same failures, the same skips. A spec
+//! that does not is excused only as the runtime's own flake: when a direct
+//! run of the suite again ends it as the run through crr-proxy did.
 //!
 //! critest pulls its images from the registries it names. Here containerd
 //! takes every registry from a private one on loopback (its `_default`
@@ -414,15 +416,10 @@ async fn critest_ends_every_spec_through_crr_proxy_as_directly() {
         direct.values().filter(|s| *s == "passed").count() > direct.len() / 2,
         "most specs must pass directly, or the comparison says little: {direct:#?}"
     );
-    let differ: Vec<&String> = direct
+    let differ: BTreeMap<String, Option<String>> = direct
         .keys()
         .chain(proxied.keys())
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
         .filter(|spec| direct.get(*spec) != proxied.get(*spec))
-        .collect();
-    let differ: BTreeMap<String, Option<String>> = differ
-        .into_iter()
         .map(|spec| (spec.clone(), proxied.get(spec).cloned()))
         .collect();
     let judged = tokio::task::block_in_place(|| direct_runs_show(&registry, &dir, &differ));
