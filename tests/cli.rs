@@ -322,14 +322,7 @@ async fn a_metrics_address_in_use_is_reported_and_taken_once_free() {
         .spawn()
         .unwrap();
     // Killed if an assertion fails first, so that no crr-proxy outlives it.
-    struct Reaped(std::process::Child);
-    impl Drop for Reaped {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut child = Reaped(child);
+    let mut child = support::Daemon(child);
     // What crr-proxy told systemd, until `until` says enough.
     let told = |until: &dyn Fn(&[String]) -> bool| {
         let mut states = Vec::new();
@@ -738,14 +731,7 @@ fn the_watchdog_is_pinged_while_the_socket_answers_and_only_then() {
         .env("CRR_PROXY_LOG", "warn")
         .spawn()
         .unwrap();
-    struct Reaped(std::process::Child);
-    impl Drop for Reaped {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut child = Reaped(child);
+    let mut child = support::Daemon(child);
     // The pings systemd got within `within`.
     let pings = |within: std::time::Duration| {
         let deadline = std::time::Instant::now() + within;

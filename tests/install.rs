@@ -31,12 +31,19 @@ fn snapshot(root: &Path) -> BTreeMap<String, (u32, Vec<u8>)> {
     files
 }
 
-fn install(root: &Path, args: &[&str]) -> String {
-    let out = Command::new("bash")
+/// scripts/install.sh acting on the scratch root `root`.
+fn install_sh(root: &Path) -> Command {
+    let mut command = Command::new("bash");
+    command
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/install.sh"))
+        .env("DESTDIR", root);
+    command
+}
+
+fn install(root: &Path, args: &[&str]) -> String {
+    let out = install_sh(root)
         .args(["--binary", env!("CARGO_BIN_EXE_crr-proxy")])
         .args(args)
-        .env("DESTDIR", root)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -439,15 +446,13 @@ fn kubelets_identity_is_named_with_its_drop_in_and_replaced_by_an_own_one() {
     );
     assert!(!dropin.exists());
 
-    let both = Command::new("bash")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/install.sh"))
+    let both = install_sh(&root)
         .args([
             "--identity",
             "kubelet",
             "--kubeconfig",
             own.to_str().unwrap(),
         ])
-        .env("DESTDIR", &root)
         .output()
         .unwrap();
     assert_eq!(both.status.code(), Some(2));
@@ -494,10 +499,8 @@ fn a_plain_uninstall_restores_the_file_the_install_edited() {
         "{edited}"
     );
     // Another file while this one is switched is refused, not half-done.
-    let out = Command::new("bash")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/install.sh"))
+    let out = install_sh(&root)
         .args(["--binary", env!("CARGO_BIN_EXE_crr-proxy")])
-        .env("DESTDIR", &root)
         .output()
         .unwrap();
     assert!(!out.status.success(), "a second kubelet file was switched");
@@ -887,12 +890,7 @@ fn without_a_kubelet_configuration_nothing_claims_kubelet_was_switched() {
         "{said}"
     );
     assert!(!said.contains("already points"), "{said}");
-    let out = Command::new("bash")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/install.sh"))
-        .arg("--kubelet-only")
-        .env("DESTDIR", &root)
-        .output()
-        .unwrap();
+    let out = install_sh(&root).arg("--kubelet-only").output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("kubelet is not switched"), "{stderr}");
@@ -919,10 +917,8 @@ fn a_json_configuration_is_never_edited_and_a_config_dir_switches_kubelet() {
         assert!(said.contains("is JSON (or YAML in flow style)"), "{said}");
         assert_eq!(&read(&root, rel), text, "the configuration was edited");
         assert!(!root.join("etc/crr-proxy/kubelet-switch").exists());
-        let out = Command::new("bash")
-            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/install.sh"))
+        let out = install_sh(&root)
             .args(["--kubelet-only", "--kubelet-config", CONFIG])
-            .env("DESTDIR", &root)
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -86,15 +86,7 @@ pub fn build_variant(
             parent = folder.parent();
         }
         for folder in missing.into_iter().rev() {
-            let folder = folder.to_string_lossy();
-            append(
-                &mut tar,
-                &folder,
-                tar::EntryType::Directory,
-                0o755,
-                b"",
-                None,
-            )?;
+            append_folder(&mut tar, &folder.to_string_lossy())?;
         }
         append(
             &mut tar,
@@ -176,6 +168,11 @@ fn rootfs_layer(busybox: &[u8]) -> Result<Vec<u8>> {
     Ok(tar.into_inner()?)
 }
 
+/// A folder of mode 0755.
+fn append_folder(tar: &mut tar::Builder<Vec<u8>>, path: &str) -> Result<()> {
+    append(tar, path, tar::EntryType::Directory, 0o755, b"", None)
+}
+
 fn append(
     tar: &mut tar::Builder<Vec<u8>>,
     path: &str,
@@ -238,22 +235,8 @@ fn write_image(out: &Path, name: &str, layers: &[&[u8]], image_config: &str) -> 
     );
 
     let mut tar = tar::Builder::new(Vec::new());
-    append(
-        &mut tar,
-        "blobs",
-        tar::EntryType::Directory,
-        0o755,
-        b"",
-        None,
-    )?;
-    append(
-        &mut tar,
-        "blobs/sha256",
-        tar::EntryType::Directory,
-        0o755,
-        b"",
-        None,
-    )?;
+    append_folder(&mut tar, "blobs")?;
+    append_folder(&mut tar, "blobs/sha256")?;
     for blob in layers
         .iter()
         .copied()
