@@ -7,13 +7,16 @@
 #
 #   scripts/install.sh [--binary PATH] [--kubelet-config PATH]
 #                      [--kubeconfig FILE | --identity kubelet]
-#                      [--kubelet-only] [--uninstall]
+#                      [--kubelet-only] [--uninstall] [--bypass]
 #
 #   --binary PATH          crr-proxy to install (default: target/release/crr-proxy
 #                          in a checkout, bin/crr-proxy in a release tarball)
 #   --kubelet-only         only switch kubelet (or, with --uninstall, only put it
 #                          back), and set the identity if one is given: crr-proxy
-#                          itself came from the .deb
+#                          itself came from the .deb, or was bypassed
+#   --bypass               the emergency bypass: kubelet straight back at its
+#                          runtime, everything else kept (crr-proxy keeps running
+#                          with its settings); --kubelet-only undoes it
 #   --kubelet-config PATH  KubeletConfiguration file (default: /var/lib/kubelet/config.yaml)
 #   --kubeconfig FILE      the node's identity (scripts/node-identity.sh), installed
 #                          as /etc/crr-proxy/kubeconfig (0600) and named in crr-proxy.env
@@ -42,8 +45,9 @@ while (($#)); do
     --kubeconfig) kubeconfig="$2"; shift 2 ;;
     --uninstall) uninstall=true; shift ;;
     --kubelet-only) kubelet_only=true; shift ;;
+    --bypass) uninstall=true; kubelet_only=true; shift ;;
     --identity) identity="$2"; shift 2 ;;
-    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -101,28 +105,94 @@ set_identity() {
   [[ "$before" == "$(identity_sum)" ]] || identity_changed=true
 }
 
-if $uninstall && $kubelet_only; then
-  restore_kubelet
-  if live_systemd && $kubelet_touched; then systemctl restart kubelet.service || true; fi
-  echo "kubelet no longer uses crr-proxy; crr-proxy itself is still installed"
-  exit 0
+# The .deb owns the binary, the units and /etc/crr-proxy: its removal is
+# apt's, and a purge is what deletes the settings.
+from_deb=false
+[[ ! -e $root/var/lib/dpkg/info/crr-proxy.list ]] || from_deb=true
+if $uninstall && ! $kubelet_only && $from_deb; then
+  echo "install.sh: crr-proxy is installed from its .deb: only kubelet is put back here; then remove the package with apt remove crr-proxy (apt purge crr-proxy also deletes /etc/crr-proxy)" >&2
+  kubelet_only=true
 fi
 
 if $uninstall; then
+  # kubelet first, while the socket still answers: its calls never meet
+  # a closed socket.
+  restore_kubelet
+  if live_systemd && $kubelet_touched; then systemctl restart kubelet.service || true; fi
+  if $kubelet_only; then
+    echo "kubelet no longer uses crr-proxy: it dials its runtime directly; crr-proxy is still installed, with its settings (install.sh --kubelet-only points kubelet at it again)"
+    exit 0
+  fi
   if live_systemd; then
     systemctl disable --now crr-proxy.service crr-proxy.socket || true
   fi
-  restore_kubelet
   rm -f "$bin_path" "$unit_dir/crr-proxy.socket" "$unit_dir/crr-proxy.service" \
     "$conf_dir/crr-proxy.env" "$conf_dir/kubeconfig" "$dropin_dir/kubelet-identity.conf"
   rmdir "$conf_dir" "$dropin_dir" 2>/dev/null || true
-  if live_systemd; then
-    systemctl daemon-reload
-    if $kubelet_touched; then systemctl restart kubelet.service || true; fi
-  fi
+  if live_systemd; then systemctl daemon-reload; fi
   echo "crr-proxy uninstalled"
   exit 0
 fi
+
+# crr-proxy forwards to the runtime kubelet uses now, whatever it is: its
+# settings get kubelet's endpoints before kubelet is pointed at it. Sets
+# settings_changed. Once kubelet dials crr-proxy the settings already hold
+# them (an operator's later change is kept).
+settings_changed=false
+carry_endpoints() {
+  local runtime image
+  [[ -f $conf_dir/crr-proxy.env ]] || return 0
+  runtime="$(current_endpoint containerRuntimeEndpoint)"
+  [[ $runtime != "$socket" ]] || return 0
+  image="$(current_endpoint imageServiceEndpoint)"
+  [[ $image != "$socket" ]] || image=$runtime
+  set_setting CRR_PROXY_RUNTIME_ENDPOINT "$runtime"
+  if [[ $image == "$runtime" ]]; then
+    set_setting CRR_PROXY_IMAGE_ENDPOINT ""
+  else
+    set_setting CRR_PROXY_IMAGE_ENDPOINT "$image"
+  fi
+}
+
+# Sets NAME=VALUE in the settings file, in place where it is set (no line
+# when VALUE is empty).
+set_setting() {
+  local env="$conf_dir/crr-proxy.env" name="$1" value="$2" cur
+  cur="$(grep -m1 "^$name=" "$env" | sed -E "s/^$name=//; s/^[\"'](.*)[\"']\$/\1/" || true)"
+  [[ $cur != "$value" ]] || return 0
+  if [[ -z $value ]]; then
+    sed -i "/^$name=/d" "$env"
+    echo "removed $name=$cur from $conf_dir/crr-proxy.env: kubelet uses one endpoint for both services"
+  elif grep -q "^$name=" "$env"; then
+    sed -i "s|^$name=.*|$name=$value|" "$env"
+    echo "crr-proxy forwards to $value, where kubelet goes now ($name was ${cur:-unset})"
+  else
+    echo "$name=$value" >>"$env"
+    echo "crr-proxy forwards to $value, where kubelet goes now ($name)"
+  fi
+  settings_changed=true
+}
+
+# The crr-proxy that systemd runs (the .deb's, or this script's).
+checker() { if $from_deb; then echo "$root/usr/bin/crr-proxy"; else echo "$bin_path"; fi; }
+
+# Before kubelet is pointed at crr-proxy: the runtime answers, and crr-proxy
+# answers for it (crr-proxy check --before-switch); else kubelet is left
+# as it is and the install fails. Only on a live node: elsewhere nothing
+# runs to check.
+check_before_switch() {
+  local out
+  if ! live_systemd; then
+    echo "not checked that crr-proxy reaches the runtime: nothing is started here"
+    return 0
+  fi
+  if ! out="$("$(checker)" check --before-switch --env-file "$conf_dir/crr-proxy.env" 2>&1)"; then
+    printf '%s\n' "$out" >&2
+    echo "install.sh: kubelet is left as it is: crr-proxy does not reach kubelet's runtime (above). Fix $conf_dir/crr-proxy.env or the runtime, then run this again" >&2
+    exit 1
+  fi
+  printf '%s\n' "$out"
+}
 
 if $kubelet_only; then
   # kubelet goes NotReady on a socket nothing listens on.
@@ -131,13 +201,13 @@ if $kubelet_only; then
     exit 1
   fi
   # The .deb's crr-proxy under another identity, if one is given.
-  if [[ -n "$identity$kubeconfig" ]]; then
-    set_identity
-    if live_systemd && $identity_changed; then
-      systemctl daemon-reload
-      systemctl try-restart crr-proxy.service
-    fi
+  [[ -z "$identity$kubeconfig" ]] || set_identity
+  carry_endpoints
+  if live_systemd && { $identity_changed || $settings_changed; }; then
+    systemctl daemon-reload
+    systemctl try-restart crr-proxy.service
   fi
+  check_before_switch
   switch_kubelet
   if $kubelet_unswitched; then
     echo "install.sh: kubelet is not switched (see above)" >&2
@@ -163,17 +233,20 @@ install -d -m 0750 "$conf_dir"
 # The operator's settings survive re-installs and upgrades.
 [[ -e "$conf_dir/crr-proxy.env" ]] || install -m 0640 systemd/crr-proxy.env "$conf_dir/crr-proxy.env"
 set_identity
+carry_endpoints
+
+if live_systemd; then
+  systemctl daemon-reload
+  systemctl enable --now crr-proxy.socket crr-proxy.service
+  # Other settings or identity: the service reads them, and its mounts, at
+  # start.
+  if { $identity_changed || $settings_changed; } && $running; then systemctl restart crr-proxy.service; fi
+fi
+check_before_switch
 
 switch_kubelet
 if ! $kubelet_touched && ! $kubelet_unswitched; then
   echo "kubelet already points at $socket; kubelet is not restarted"
 fi
-
-if live_systemd; then
-  systemctl daemon-reload
-  systemctl enable --now crr-proxy.socket crr-proxy.service
-  # Another identity: the service reads it, and its mounts, at start.
-  if $identity_changed && $running; then systemctl restart crr-proxy.service; fi
-  if $kubelet_touched; then systemctl restart kubelet.service; fi
-fi
+if live_systemd && $kubelet_touched; then systemctl restart kubelet.service; fi
 echo "crr-proxy installed"

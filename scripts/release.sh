@@ -117,8 +117,8 @@ cat >"$pkg/DEBIAN/prerm" <<'EOF'
 #!/bin/sh
 set -e
 if [ "$1" = remove ] && [ -e "${DPKG_ROOT:-}/etc/crr-proxy/kubelet-switch" ]; then
-  echo "crr-proxy: kubelet still uses crr-proxy's socket; first run" >&2
-  echo "  /usr/share/crr-proxy/scripts/install.sh --uninstall --kubelet-only" >&2
+  echo "crr-proxy: kubelet still uses crr-proxy's socket; first point it back at its runtime:" >&2
+  echo "  /usr/share/crr-proxy/scripts/install.sh --bypass" >&2
   exit 1
 fi
 if [ "$1" = remove ] && [ -z "${DPKG_ROOT:-}" ] && [ -d /run/systemd/system ]; then

@@ -20,7 +20,7 @@ use crate::RunConfig;
 use crate::agent::AgentSettings;
 use crate::agent::{self, LeaseSettings, Mode};
 use crate::cri::Endpoint;
-use crate::cri::v1::VersionRequest;
+use crate::cri::v1::{VersionRequest, VersionResponse};
 use crate::crr::client::ApiVersion;
 use crate::manifests::{Identity, ManifestError};
 
@@ -128,17 +128,69 @@ pub async fn run(config: &RunConfig, kubelet_config: &Path) -> Report {
     report
 }
 
-async fn runtime(endpoint: &Endpoint) -> Result<String, Verdict> {
+/// What install.sh checks before it points kubelet at crr-proxy: the
+/// runtime kubelet uses now answers CRI `Version`, and crr-proxy's socket
+/// answers for that same runtime. kubelet's endpoints and the agent are not
+/// checked: kubelet does not dial crr-proxy yet, and the agent never stands
+/// between kubelet and its runtime.
+pub async fn before_switch(config: &RunConfig) -> Report {
+    let mut report = Report::default();
+    let direct = version(&config.routes.runtime).await;
+    let listen = Endpoint::from_path(&config.listen);
+    let relayed = match &direct {
+        Ok(direct) => through(&listen, direct).await,
+        Err(_) => Err(Verdict::Skip(
+            "the runtime itself does not answer".to_owned(),
+        )),
+    };
+    report.add(
+        "runtime endpoint",
+        direct.map(|v| describe(&v, &config.routes.runtime)),
+    );
+    if let Some(image) = &config.routes.image {
+        report.add("image endpoint", reachable(image).await);
+    }
+    report.add("through crr-proxy", relayed);
+    report
+}
+
+async fn version(endpoint: &Endpoint) -> Result<VersionResponse, Verdict> {
     let mut cri = crate::cri::runtime_client(crate::cri::channel(endpoint));
-    let version = tokio::time::timeout(TIMEOUT, cri.version(VersionRequest::default()))
-        .await
-        .map_err(|_| fail(format!("{endpoint}: no answer in {TIMEOUT:?}")))?
-        .map_err(|status| fail(format!("{endpoint}: {}", status.message())))?
-        .into_inner();
-    Ok(format!(
+    Ok(
+        tokio::time::timeout(TIMEOUT, cri.version(VersionRequest::default()))
+            .await
+            .map_err(|_| fail(format!("{endpoint}: no answer in {TIMEOUT:?}")))?
+            .map_err(|status| fail(format!("{endpoint}: {}", status.message())))?
+            .into_inner(),
+    )
+}
+
+fn describe(version: &VersionResponse, endpoint: &Endpoint) -> String {
+    format!(
         "{} {} (CRI {}) at {endpoint}",
         version.runtime_name, version.runtime_version, version.runtime_api_version
-    ))
+    )
+}
+
+async fn runtime(endpoint: &Endpoint) -> Result<String, Verdict> {
+    version(endpoint).await.map(|v| describe(&v, endpoint))
+}
+
+/// crr-proxy's socket answers `Version` as the runtime itself does; another
+/// answer means it forwards to another runtime than the one checked.
+async fn through(listen: &Endpoint, direct: &VersionResponse) -> Result<String, Verdict> {
+    let relayed = version(listen).await?;
+    if &relayed == direct {
+        Ok(format!(
+            "{listen} answers for the same runtime ({} {})",
+            relayed.runtime_name, relayed.runtime_version
+        ))
+    } else {
+        Err(fail(format!(
+            "{listen} answers for {}, not for the runtime checked above: crr-proxy forwards elsewhere (restart it after changing its settings)",
+            describe(&relayed, listen)
+        )))
+    }
 }
 
 async fn reachable(endpoint: &Endpoint) -> Result<String, Verdict> {

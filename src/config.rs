@@ -256,6 +256,13 @@ pub struct CheckArgs {
     /// shell's variables and the flags win over it; it wins over --config.
     #[arg(long, default_value = DEFAULT_ENV_FILE)]
     pub env_file: PathBuf,
+
+    /// Only what must hold before kubelet is pointed at crr-proxy (install.sh
+    /// runs it): the runtime endpoint answers CRI Version, and crr-proxy's
+    /// socket answers it for that same runtime. kubelet and the agent are not
+    /// checked.
+    #[arg(long)]
+    pub before_switch: bool,
 }
 
 /// The standalone Lease, which `run` elects its claimer with and

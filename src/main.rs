@@ -29,7 +29,13 @@ fn main() -> ExitCode {
                 .enable_all()
                 .build()
                 .map(|runtime| {
-                    runtime.block_on(crr_proxy::check::run(&config, &args.run.kubelet_config))
+                    runtime.block_on(async {
+                        if args.before_switch {
+                            crr_proxy::check::before_switch(&config).await
+                        } else {
+                            crr_proxy::check::run(&config, &args.run.kubelet_config).await
+                        }
+                    })
                 });
             match report {
                 Ok(report) => {

@@ -276,3 +276,79 @@ async fn kubelets_identity_passes_in_kruise_mode_and_fails_in_standalone() {
     assert!(row(&table, "RBAC").contains("FAIL"), "{table}");
     support::remove_socket_dir(&listen);
 }
+
+/// `check --before-switch`, which install.sh runs before pointing kubelet
+/// at crr-proxy: it passes only where kubelet's runtime answers and
+/// crr-proxy's socket answers for that same runtime; kubelet's endpoints
+/// and the agent (here a kubeconfig that does not exist) are not its
+/// business.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn before_the_switch_crr_proxy_must_answer_for_kubelets_runtime() {
+    let ctrd = tokio::task::spawn_blocking(Containerd::start)
+        .await
+        .unwrap()
+        .unwrap();
+    let dir = ctrd.scratch("before-switch");
+    let kubelet = dir.join("kubelet.yaml");
+    std::fs::write(&kubelet, "kind: KubeletConfiguration\n").unwrap();
+    let missing = dir.join("no-kubeconfig");
+    let runtime = ctrd.endpoint().to_string();
+    let before_switch = async |listen: &Path, runtime: &str| {
+        let args = [
+            "--before-switch",
+            "--runtime-endpoint",
+            runtime,
+            "--listen",
+            listen.to_str().unwrap(),
+            "--agent",
+            "kruise",
+            "--node-name",
+            "node-a",
+        ];
+        check(&args, &missing, &kubelet).await
+    };
+
+    // crr-proxy forwarding to kubelet's runtime.
+    let proxy = support::ProxyUnderTest::to(ctrd.endpoint());
+    let (code, table) = before_switch(&proxy.socket, &runtime).await;
+    assert_eq!(code, 0, "{table}");
+    assert!(row(&table, "runtime endpoint").contains("pass"), "{table}");
+    let through = row(&table, "through crr-proxy");
+    assert!(
+        through.contains("pass") && through.contains("the same runtime"),
+        "{table}"
+    );
+    for unchecked in ["kubelet endpoints", "kubeconfig", "listen path"] {
+        assert!(
+            !table.contains(unchecked),
+            "{unchecked} is checked:\n{table}"
+        );
+    }
+
+    // crr-proxy forwarding to another runtime (the scripted one).
+    let other = support::peers::CriRuntime::start(&[]);
+    let elsewhere = support::ProxyUnderTest::to(other.endpoint());
+    let (code, table) = before_switch(&elsewhere.socket, &runtime).await;
+    assert_ne!(code, 0, "{table}");
+    let through = row(&table, "through crr-proxy");
+    assert!(
+        through.contains("FAIL") && through.contains("forwards elsewhere"),
+        "{table}"
+    );
+
+    // Nothing listening where crr-proxy should be.
+    let (code, table) = before_switch(&dir.join("nobody.sock"), &runtime).await;
+    assert_ne!(code, 0, "{table}");
+    assert!(row(&table, "through crr-proxy").contains("FAIL"), "{table}");
+
+    // kubelet's runtime does not answer: that is the failure named.
+    let absent = format!("unix://{}", dir.join("crio.sock").display());
+    let (code, table) = before_switch(&proxy.socket, &absent).await;
+    assert_ne!(code, 0, "{table}");
+    let direct = row(&table, "runtime endpoint");
+    assert!(
+        direct.contains("FAIL") && direct.contains("crio.sock"),
+        "{table}"
+    );
+    assert!(row(&table, "through crr-proxy").contains("skip"), "{table}");
+}

@@ -946,3 +946,135 @@ fn a_json_configuration_is_never_edited_and_a_config_dir_switches_kubelet() {
         support::remove_socket_dir(&socket);
     }
 }
+
+/// A setting in `root`'s crr-proxy.env.
+fn setting(root: &Path, name: &str) -> Option<String> {
+    read(root, "etc/crr-proxy/crr-proxy.env")
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}=")).map(str::to_owned))
+}
+
+/// kubelet's files in `root`: the flags files, its configuration files and
+/// drop-ins, with their contents.
+fn kubelet_files(root: &Path) -> BTreeMap<String, (u32, Vec<u8>)> {
+    snapshot(root)
+        .into_iter()
+        .filter(|(name, _)| {
+            !name.ends_with('/')
+                && !name.starts_with("etc/crr-proxy")
+                && !name.starts_with("usr/")
+                && !name.starts_with("etc/systemd")
+        })
+        .collect()
+}
+
+/// crr-proxy forwards to the runtime kubelet used before the switch,
+/// wherever kubelet took it from (a flag over its files, a drop-in over
+/// --config, a bare path, an image endpoint of its own, kubelet's default).
+/// Once kubelet dials crr-proxy, the settings are the operator's. The
+/// bypass puts kubelet's files back byte for byte and keeps crr-proxy with
+/// its settings; --kubelet-only undoes it.
+#[test]
+fn the_runtime_kubelet_used_is_carried_into_crr_proxys_settings() {
+    const CRIO: &str = "unix:///var/run/crio/crio.sock";
+    let with_containerd =
+        format!("kind: KubeletConfiguration\ncontainerRuntimeEndpoint: {CONTAINERD}\n");
+    // A node's kubelet files, and the endpoints crr-proxy must forward to.
+    let cases = [
+        (
+            "carry-flag",
+            vec![
+                (
+                    FLAGS,
+                    format!("KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint={CRIO}\"\n"),
+                ),
+                (KUBELET, with_containerd.clone()),
+            ],
+            (CRIO, None),
+        ),
+        (
+            "carry-config",
+            vec![(
+                KUBELET,
+                "kind: KubeletConfiguration\ncontainerRuntimeEndpoint: /run/k3s/containerd/containerd.sock\n\
+                 imageServiceEndpoint: \"unix:///run/images.sock\"\n"
+                    .to_owned(),
+            )],
+            (
+                "unix:///run/k3s/containerd/containerd.sock",
+                Some("unix:///run/images.sock"),
+            ),
+        ),
+        (
+            "carry-dropin",
+            vec![
+                (
+                    DEFAULTS,
+                    "KUBELET_EXTRA_ARGS=--config-dir=/etc/kubernetes/kubelet.conf.d\n".to_owned(),
+                ),
+                (
+                    "etc/kubernetes/kubelet.conf.d/50-runtime.conf",
+                    format!("containerRuntimeEndpoint: {CRIO}\n"),
+                ),
+                (KUBELET, with_containerd.clone()),
+            ],
+            (CRIO, None),
+        ),
+        (
+            "carry-default",
+            vec![(KUBELET, "kind: KubeletConfiguration\nmaxPods: 50\n".to_owned())],
+            ("unix:///run/containerd/containerd.sock", None),
+        ),
+    ];
+    for (name, files, (runtime, image)) in cases {
+        let files: Vec<(&str, &str)> = files.iter().map(|(p, t)| (*p, t.as_str())).collect();
+        let (socket, root) = node_with(name, &files);
+        let before = kubelet_files(&root);
+        let said = install(&root, &[]);
+        assert_eq!(
+            setting(&root, "CRR_PROXY_RUNTIME_ENDPOINT").as_deref(),
+            Some(runtime),
+            "{name}: {said}"
+        );
+        assert_eq!(
+            setting(&root, "CRR_PROXY_IMAGE_ENDPOINT").as_deref(),
+            image,
+            "{name}: {said}"
+        );
+        kubelet_uses(&root, SOCKET);
+
+        // Switched, the settings are the operator's.
+        let env = root.join("etc/crr-proxy/crr-proxy.env");
+        let edited = read(&root, "etc/crr-proxy/crr-proxy.env")
+            .replace(runtime, "unix:///run/operator.sock");
+        std::fs::write(&env, &edited).unwrap();
+        install(&root, &[]);
+        assert_eq!(read(&root, "etc/crr-proxy/crr-proxy.env"), edited, "{name}");
+
+        // The bypass and its inverse.
+        let installed = snapshot(&root);
+        install(&root, &["--bypass"]);
+        assert_eq!(kubelet_files(&root), before, "{name}: the bypass");
+        let after: BTreeMap<_, _> = snapshot(&root)
+            .into_iter()
+            .filter(|(n, _)| {
+                n.starts_with("usr/")
+                    || n.starts_with("etc/systemd")
+                    || n == "etc/crr-proxy/crr-proxy.env"
+            })
+            .collect();
+        for (file, content) in &after {
+            assert_eq!(
+                Some(content),
+                installed.get(file),
+                "{name}: the bypass changed {file}"
+            );
+        }
+        assert!(after.contains_key("usr/local/bin/crr-proxy"), "{name}");
+        install(&root, &["--kubelet-only"]);
+        kubelet_uses(&root, SOCKET);
+        install(&root, &["--uninstall"]);
+        assert_eq!(kubelet_files(&root), before, "{name}: the uninstall");
+        support::remove_socket_dir(&socket);
+    }
+}

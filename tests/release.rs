@@ -134,15 +134,49 @@ fn the_release_artifacts_install_as_an_operator_installs_them() {
     let refused = run(dpkg(&root).args(["--remove", "crr-proxy"]));
     let said = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success(), "{said}");
-    assert!(said.contains("--uninstall --kubelet-only"), "{said}");
+    assert!(
+        said.contains("\n  /usr/share/crr-proxy/scripts/install.sh --bypass\n"),
+        "{said}"
+    );
     assert!(root.join("usr/bin/crr-proxy").is_file());
 
+    // A plain --uninstall on the package's files puts kubelet back and
+    // leaves the package's files and the node's settings to apt.
+    let settings = std::fs::read(root.join("etc/crr-proxy/crr-proxy.env")).unwrap();
+    std::fs::write(root.join("etc/crr-proxy/kubeconfig"), "node identity\n").unwrap();
+    let said = ok(Command::new("bash")
+        .arg(&installer)
+        .arg("--uninstall")
+        .env("DESTDIR", &root));
+    assert!(said.contains("apt remove crr-proxy"), "{said}");
+    assert_eq!(kubelet_config(&root), KUBELET);
+    assert_eq!(
+        std::fs::read(root.join("etc/crr-proxy/crr-proxy.env")).unwrap(),
+        settings
+    );
+    assert!(root.join("etc/crr-proxy/kubeconfig").is_file());
+    assert!(
+        root.join("usr/lib/systemd/system/crr-proxy.socket")
+            .is_file()
+    );
+    assert!(root.join("usr/bin/crr-proxy").is_file());
+
+    // The command the refusal names, after switching again.
     ok(Command::new("bash")
         .arg(&installer)
-        .args(["--uninstall", "--kubelet-only"])
+        .arg("--kubelet-only")
+        .env("DESTDIR", &root));
+    assert!(kubelet_config(&root).contains(SOCKET));
+    ok(Command::new("bash")
+        .arg(&installer)
+        .arg("--bypass")
         .env("DESTDIR", &root));
     assert_eq!(kubelet_config(&root), KUBELET);
-    assert!(root.join("etc/crr-proxy/crr-proxy.env").is_file());
+    assert_eq!(
+        std::fs::read(root.join("etc/crr-proxy/crr-proxy.env")).unwrap(),
+        settings
+    );
+    std::fs::remove_file(root.join("etc/crr-proxy/kubeconfig")).unwrap();
 
     // Removed, the settings stay (a conffile); purged, they go.
     ok(dpkg(&root).args(["--remove", "crr-proxy"]));

@@ -556,3 +556,160 @@ async fn the_release_installs_and_runs_under_a_real_systemd() {
     );
     drop(machine);
 }
+
+/// kubelet's runtime, as a CRI-O node's kubeadm flags name it: the
+/// tarball's install.sh carries it into crr-proxy's settings and points
+/// kubelet at crr-proxy only once crr-proxy answers for that runtime. The
+/// docs' bypass (`scripts/install.sh --bypass`) points kubelet straight
+/// back and keeps crr-proxy running with its settings; `--kubelet-only`
+/// undoes it; `--uninstall` restarts kubelet on its runtime while crr-proxy's
+/// socket still answers, and only then stops it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_switch_carries_kubelets_runtime_and_the_bypass_keeps_crr_proxy() {
+    const RUNTIME: &str = "unix:///run/elsewhere/runtime.sock";
+    const FLAGS: &str = "/var/lib/kubelet/kubeadm-flags.env";
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/installing.md"))
+        .unwrap();
+    for command in [
+        "sudo scripts/install.sh --bypass",
+        "sudo scripts/install.sh --kubelet-only",
+        "sudo scripts/install.sh --uninstall",
+    ] {
+        assert!(
+            docs.contains(command),
+            "docs/installing.md lost {command:?}"
+        );
+    }
+    let ctrd = tokio::task::spawn_blocking(Containerd::start)
+        .await
+        .unwrap()
+        .unwrap();
+    let dir = ctrd.scratch("systemd-carry");
+    let dist = dir.join("dist");
+    ok(Command::new("bash")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/release.sh"))
+        .args(["--binary", BINARY, "--allow-dirty", "--out"])
+        .arg(&dist));
+    let arch = ok(Command::new("dpkg").arg("--print-architecture"))
+        .trim()
+        .to_owned();
+    let run = dir.join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    let socket = run.join("crr-proxy.sock");
+    // containerd answers only where kubelet's flag will say, never at
+    // crr-proxy's default endpoint.
+    let machine = Machine::boot(
+        &dir.join("machine"),
+        &[
+            (&ctrd.socket(), RUNTIME.trim_start_matches("unix://")),
+            (&run, "/run/crr-proxy"),
+            (&dist, "/dist"),
+        ],
+    );
+    // kubelet's stand-in notes, each time it starts, whether crr-proxy's
+    // socket is there.
+    let unit = "[Service]\nExecStartPre=/bin/sh -c 'systemctl is-active crr-proxy.socket >>/run/kubelet-saw || true'\n\
+                ExecStart=/bin/sleep infinity\n\n[Install]\nWantedBy=multi-user.target\n";
+    let config = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: systemd\n";
+    let absent = "KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint=unix:///run/crio/crio.sock --node-ip=10.0.0.5\"\n";
+    let flags = absent.replace("unix:///run/crio/crio.sock", RUNTIME);
+    for (path, content) in [
+        ("/var/lib/kubelet/config.yaml", config),
+        (FLAGS, absent),
+        ("/etc/systemd/system/kubelet.service", unit),
+    ] {
+        let path = machine.merged().join(path.trim_start_matches('/'));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, content).unwrap();
+    }
+    machine.ok("systemctl daemon-reload && systemctl enable --now kubelet.service");
+    let tarball = format!("crr-proxy-{VERSION}-linux-{arch}");
+    machine.ok(&format!("cd /opt && tar xzf /dist/{tarball}.tar.gz"));
+    let install =
+        |args: &str| machine.sh(&format!("cd /opt/{tarball} && scripts/install.sh {args}"));
+    let started = || machine.show("kubelet.service", "ExecMainStartTimestampMonotonic");
+
+    // kubelet's runtime does not answer: kubelet is left as it is.
+    let kubelet_started = started();
+    let refused = install("");
+    let said = text(&refused);
+    assert!(!refused.status.success(), "{said}");
+    assert!(
+        said.contains("kubelet is left as it is") && said.contains("unix:///run/crio/crio.sock"),
+        "{said}"
+    );
+    assert_eq!(machine.file(FLAGS).unwrap(), absent);
+    assert_eq!(started(), kubelet_started, "kubelet was restarted");
+    assert!(
+        machine
+            .file("/etc/crr-proxy/crr-proxy.env")
+            .unwrap()
+            .contains("CRR_PROXY_RUNTIME_ENDPOINT=unix:///run/crio/crio.sock\n")
+    );
+
+    // The flag corrected: carried, checked through crr-proxy, switched.
+    machine.ok(&format!(
+        "sed -i 's|unix:///run/crio/crio.sock|{RUNTIME}|' {FLAGS}"
+    ));
+    let out = install("");
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("the same runtime"), "{said}");
+    assert!(
+        machine
+            .file("/etc/crr-proxy/crr-proxy.env")
+            .unwrap()
+            .contains(&format!("CRR_PROXY_RUNTIME_ENDPOINT={RUNTIME}\n"))
+    );
+    assert!(
+        machine
+            .file(FLAGS)
+            .unwrap()
+            .contains("--container-runtime-endpoint=unix:///run/crr-proxy/crr-proxy.sock"),
+        "{said}"
+    );
+    assert_ne!(started(), kubelet_started);
+    version(&socket).await.unwrap();
+
+    // The bypass, with crr-proxy wedged: kubelet back on its runtime,
+    // crr-proxy kept as it is.
+    let settings = machine.file("/etc/crr-proxy/crr-proxy.env").unwrap();
+    let pid = machine.show("crr-proxy.service", "MainPID");
+    let kubelet_started = started();
+    machine.ok(&format!("kill -STOP {pid}"));
+    let out = install("--bypass");
+    machine.ok(&format!("kill -CONT {pid}"));
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(machine.file(FLAGS).unwrap(), flags);
+    assert_ne!(started(), kubelet_started);
+    assert_eq!(machine.show("crr-proxy.service", "MainPID"), pid);
+    assert_eq!(machine.active("crr-proxy.socket"), "active");
+    assert_eq!(
+        machine.file("/etc/crr-proxy/crr-proxy.env").unwrap(),
+        settings
+    );
+    assert!(machine.merged().join("usr/local/bin/crr-proxy").is_file());
+    version(&socket).await.unwrap();
+
+    let out = install("--kubelet-only");
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        machine
+            .file(FLAGS)
+            .unwrap()
+            .contains("--container-runtime-endpoint=unix:///run/crr-proxy/crr-proxy.sock")
+    );
+
+    // Uninstalled: kubelet restarted while the socket still listened.
+    let out = install("--uninstall");
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(machine.file(FLAGS).unwrap(), flags);
+    let saw = machine.ok("cat /run/kubelet-saw");
+    assert_eq!(
+        saw.lines().last(),
+        Some("active"),
+        "kubelet's starts saw: {saw}"
+    );
+    assert_eq!(machine.active("crr-proxy.socket"), "inactive");
+    drop(machine);
+}

@@ -299,6 +299,54 @@ original_endpoint() {
   esac
 }
 
+# kubelet's default runtime endpoint (its KubeletConfiguration defaults);
+# the image endpoint defaults to the runtime's.
+default_runtime=unix:///run/containerd/containerd.sock
+
+# The value a file gives the top-level key $2: a YAML line, or in a JSON
+# file (or YAML's flow style) a "key": "value" pair.
+file_value() {
+  local line
+  line="$(key_line "$1" "$2")"
+  if [[ -n $line ]]; then
+    line_value "$line"
+  else
+    grep -o -m1 -E "\"$2\"[[:space:]]*:[[:space:]]*\"[^\"]*\"" "$1" | sed -E 's/.*:[[:space:]]*"(.*)"$/\1/' || true
+  fi
+}
+
+# The endpoint kubelet uses now for the key $1, resolved as kubelet does
+# (see the top): a flag in the flags files (the last file wins, as the
+# last argument does), else the last drop-in of --config-dir that sets it,
+# else the --config file, else kubelet's default. Bare paths get unix://.
+current_endpoint() {
+  local key="$1" value="" rel word dir file
+  for rel in "${flag_files[@]}"; do
+    [[ -f $root$rel ]] || continue
+    word="$(flag_word "$root$rel" "$(key_flag "$key")")"
+    [[ -z $word ]] || value="$(sed -E "s/^$(key_flag "$key")(=|[[:space:]]+)//" <<<"$word")"
+  done
+  dir="$(config_dir)"
+  if [[ -z $value && -n $dir && -d $root$dir ]]; then
+    while IFS= read -r file; do
+      word="$(file_value "$file" "$key")"
+      [[ -z $word ]] || value="$word"
+    done < <(find "$root$dir" -maxdepth 1 -name '*.conf' -type f | LC_ALL=C sort)
+  fi
+  if [[ -z $value && -f $root$kubelet_config ]]; then
+    value="$(file_value "$root$kubelet_config" "$key")"
+  fi
+  if [[ -z $value ]]; then
+    if [[ $key == imageServiceEndpoint ]]; then
+      value="$(current_endpoint containerRuntimeEndpoint)"
+    else
+      value=$default_runtime
+    fi
+  fi
+  [[ $value != /* ]] || value="unix://$value"
+  printf '%s\n' "$value"
+}
+
 key_flag() { [[ $1 == containerRuntimeEndpoint ]] && echo --container-runtime-endpoint || echo --image-service-endpoint; }
 
 # kubeadm moves the endpoint between its files on upgrade (from a flag into
