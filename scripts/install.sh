@@ -105,6 +105,18 @@ set_identity() {
   [[ "$before" == "$(identity_sum)" ]] || identity_changed=true
 }
 
+# k3s and RKE2 run kubelet inside their own binary, beside a containerd of
+# their own that they turn off once container-runtime-endpoint is set: no
+# switch can keep that runtime. Refused before anything changes.
+if ! $uninstall; then
+  for distro in k3s rke2; do
+    if [[ -d $root/etc/rancher/$distro || -d $root/var/lib/rancher/$distro ]]; then
+      echo "install.sh: this node runs $distro, whose kubelet is built into $distro and whose own containerd stops once container-runtime-endpoint points elsewhere: crr-proxy cannot be put in between, and nothing was changed" >&2
+      exit 1
+    fi
+  done
+fi
+
 # The .deb owns the binary, the units and /etc/crr-proxy: its removal is
 # apt's, and a purge is what deletes the settings.
 from_deb=false

@@ -1078,3 +1078,84 @@ fn the_runtime_kubelet_used_is_carried_into_crr_proxys_settings() {
         support::remove_socket_dir(&socket);
     }
 }
+
+/// k3s and RKE2 run kubelet inside their binary beside a containerd of
+/// their own, which they turn off once container-runtime-endpoint points
+/// elsewhere: install.sh refuses, naming why, and changes nothing.
+#[test]
+fn k3s_and_rke2_nodes_are_refused_before_anything_changes() {
+    for distro in ["k3s", "rke2"] {
+        let (socket, root) = node_with(
+            &format!("install-{distro}"),
+            &[(
+                &format!("etc/rancher/{distro}/config.yaml"),
+                "write-kubeconfig-mode: \"0644\"\n",
+            )],
+        );
+        let before = snapshot(&root);
+        for args in [&[][..], &["--kubelet-only"]] {
+            let out = install_sh(&root)
+                .args(["--binary", env!("CARGO_BIN_EXE_crr-proxy")])
+                .args(args)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{distro} {args:?}: {stderr}");
+            assert!(
+                stderr.contains(&format!("this node runs {distro}"))
+                    && stderr.contains("nothing was changed"),
+                "{stderr}"
+            );
+            assert_eq!(
+                snapshot(&root),
+                before,
+                "{distro} {args:?} changed the node"
+            );
+        }
+        support::remove_socket_dir(&socket);
+    }
+}
+
+/// EKS AL2023's nodeadm writes --container-runtime-endpoint into
+/// kubelet.service's ExecStart, where it wins over every file install.sh
+/// edits: kubelet is left as it is, with the way out named, and
+/// `--kubelet-only` fails. crr-proxy still forwards to that endpoint.
+#[test]
+fn a_runtime_flag_in_kubelets_unit_is_never_overridden_by_a_file() {
+    const UNIT: &str = "etc/systemd/system/kubelet.service";
+    const CONFIG: &str = "/etc/kubernetes/kubelet/config.json";
+    let unit = "[Service]\nEnvironmentFile=/etc/eks/kubelet/environment\n\
+                ExecStart=/usr/bin/kubelet \\\n    --config /etc/kubernetes/kubelet/config.json \\\n    \
+                --container-runtime-endpoint unix:///run/eks/containerd.sock \\\n    $NODEADM_KUBELET_ARGS\n";
+    let json = "{\"kind\": \"KubeletConfiguration\", \"maxPods\": 29}\n";
+    let (socket, root) = node_with(
+        "install-nodeadm",
+        &[(UNIT, unit), (CONFIG.trim_start_matches('/'), json)],
+    );
+    let kubelet_before = kubelet_files(&root);
+    let said = install(&root, &["--kubelet-config", CONFIG]);
+    assert!(
+        said.contains("kubelet.service sets kubelet's --container-runtime-endpoint"),
+        "{said}"
+    );
+    assert_eq!(
+        kubelet_files(&root),
+        kubelet_before,
+        "kubelet's files were edited"
+    );
+    assert_eq!(
+        setting(&root, "CRR_PROXY_RUNTIME_ENDPOINT").as_deref(),
+        Some("unix:///run/eks/containerd.sock")
+    );
+    let out = install_sh(&root)
+        .args(["--kubelet-only", "--kubelet-config", CONFIG])
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(kubelet_files(&root), kubelet_before);
+    support::remove_socket_dir(&socket);
+}

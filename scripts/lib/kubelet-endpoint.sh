@@ -168,6 +168,29 @@ block_yaml() {
   [[ ! $first =~ ^[[:space:]]*[\{\[] ]]
 }
 
+# kubelet's unit files: kubelet.service and its drop-ins, wherever systemd
+# reads them. Some layouts write kubelet's flags into the unit itself
+# (EKS AL2023's nodeadm: --container-runtime-endpoint on ExecStart).
+unit_files() {
+  local dir
+  for dir in /etc/systemd/system /usr/lib/systemd/system /lib/systemd/system; do
+    [[ ! -f $root$dir/kubelet.service ]] || printf '%s\n' "$root$dir/kubelet.service"
+    [[ ! -d $root$dir/kubelet.service.d ]] ||
+      find "$root$dir/kubelet.service.d" -maxdepth 1 -name '*.conf' -type f | LC_ALL=C sort
+  done
+}
+
+# The unit file that sets the flag $1 on kubelet's command line, if any.
+unit_flagged() {
+  local file
+  while IFS= read -r file; do
+    if [[ -n "$(flag_word "$file" "$1")" ]]; then
+      printf '%s\n' "${file#"$root"}"
+      return
+    fi
+  done < <(unit_files)
+}
+
 # True when a flags file sets kubelet's --container-runtime-endpoint.
 runtime_flagged() {
   local rel
@@ -187,6 +210,14 @@ switch_kubelet() {
     return 1
   fi
   dir="$(config_dir)"
+  # A flag written into kubelet's unit wins over every file install.sh
+  # edits, and install.sh does not edit units.
+  rel="$(unit_flagged --container-runtime-endpoint)"
+  if [[ -n $rel ]] && ! runtime_flagged; then
+    echo "install.sh: $rel sets kubelet's --container-runtime-endpoint on its command line (EKS AL2023's nodeadm does), which wins over kubelet's files and which install.sh does not edit; kubelet is left as it is. Point that flag (and --image-service-endpoint, if set) at $socket where your node's bootstrap keeps it, then restart kubelet" >&2
+    kubelet_unswitched=true
+    return 0
+  fi
   # The runtime endpoint goes into the --config file when neither a flag
   # nor a --config-dir takes it; a file that switch_line cannot edit is
   # refused before anything changes (kubelet would not start on it).
@@ -321,6 +352,10 @@ file_value() {
 # else the --config file, else kubelet's default. Bare paths get unix://.
 current_endpoint() {
   local key="$1" value="" rel word dir file
+  while IFS= read -r file; do
+    word="$(flag_word "$file" "$(key_flag "$key")")"
+    [[ -z $word ]] || value="$(sed -E "s/^$(key_flag "$key")(=|[[:space:]]+)//" <<<"$word")"
+  done < <(unit_files)
   for rel in "${flag_files[@]}"; do
     [[ -f $root$rel ]] || continue
     word="$(flag_word "$root$rel" "$(key_flag "$key")")"
