@@ -167,11 +167,7 @@ impl Node {
     async fn stopped_once(&self) {
         // Give a late second stop every chance to show before counting.
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let log = std::fs::read_to_string(self.ctrd.log_path()).unwrap();
-        let stops: Vec<&str> = log
-            .lines()
-            .filter(|l| l.contains("StopContainer for") && l.contains("with timeout"))
-            .collect();
+        let stops = self.ctrd.stop_calls();
         assert_eq!(
             stops.len(),
             1,

@@ -634,13 +634,15 @@ async fn a_partitioned_holder_cannot_claim_after_its_lease_expired() {
         .run_pod(PodSpec::new("web", vec![ContainerSpec::graceful("app")]))
         .await;
     let old = "crr-proxy:node:node-1";
+    fleet.api.partition(old, true);
+    let cut = tokio::time::Instant::now();
+    let cut_wall = k8s_openapi::jiff::Timestamp::now();
+    // Its last renewal: none can land from now on.
     let renewed = fleet
         .api
         .get(Resource::Lease, "crr-proxy-system", "crr-proxy-claimer")
         .unwrap()["spec"]["renewTime"]
         .clone();
-    fleet.api.partition(old, true);
-    let cut = tokio::time::Instant::now();
     fleet.create("during", "web", "nosuch");
     let lease = lease();
     wait_for(
@@ -662,15 +664,22 @@ async fn a_partitioned_holder_cannot_claim_after_its_lease_expired() {
     fleet.api.partition(old, false);
     fleet.create("after", "web", "nosuch");
     fleet.finished("after", Duration::from_secs(10)).await;
-    // The old holder's Lease was renewed at `renewed`, before the cut: it
-    // expired at most a Lease duration after the cut.
-    assert!(renewed.is_string());
-    let expired = cut + lease.duration;
+    // The old holder's Lease was last renewed at `renewed`, before the cut:
+    // it expired a Lease duration after that, which is where its writes
+    // must have stopped.
+    let renewed: k8s_openapi::jiff::Timestamp = renewed.as_str().unwrap().parse().unwrap();
+    let before_cut = Duration::try_from(cut_wall.duration_since(renewed)).unwrap();
+    assert!(
+        before_cut < lease.duration,
+        "renewed {before_cut:?} before the cut"
+    );
+    let expired = cut - before_cut + lease.duration;
+    assert!(expired <= taken, "node-0 took the Lease before it expired");
     let late: Vec<_> = fleet
         .api
         .writes()
         .into_iter()
-        .filter(|w| w.user.as_deref() == Some(old) && w.at >= expired.min(taken))
+        .filter(|w| w.user.as_deref() == Some(old) && w.at >= expired)
         .filter(|w| w.path.contains("/containerrecreaterequests/"))
         .map(|w| (w.method, w.path, w.code))
         .collect();

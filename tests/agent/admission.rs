@@ -79,6 +79,11 @@ pub(super) async fn kruise_stands_aside_while_kruise_daemon_runs_on_the_node() {
 pub(super) async fn bad_crrs_get_their_documented_outcome_and_delay_no_one() {
     let cluster = Cluster::new(Mode::Kruise).await;
     let pod = cluster.kubelet.run_pod(app_and_sidecar("pod6")).await;
+    // The baseline, in this run: a good CRR of the same Pod on its own.
+    let alone = Instant::now();
+    cluster.create("baseline", "pod6", &["sidecar"], Value::Null, json!({}));
+    cluster.completed("baseline", Duration::from_secs(60)).await;
+    let alone = alone.elapsed();
     // The webhook refuses these at creation, with kruise's messages.
     let refused = |containers: Value, message: &str| {
         let error = cluster
@@ -110,7 +115,7 @@ pub(super) async fn bad_crrs_get_their_documented_outcome_and_delay_no_one() {
         json!({"metadata": {"name": name, "labels": labels},
                "spec": {"podName": "pod6", "containers": [container], "strategy": {"failurePolicy": "Fail"}}})
     };
-    for (name, context, message) in [
+    let bad = [
         (
             "no-context",
             Value::Null,
@@ -121,13 +126,12 @@ pub(super) async fn bad_crrs_get_their_documented_outcome_and_delay_no_one() {
             json!({"containerID": "docker://abc", "restartCount": 0}),
             "failed to find runtime service: not found runtime service for docker in daemon",
         ),
-    ] {
+    ];
+    for (name, context, _) in &bad {
         cluster
             .api
-            .create_unchecked(Resource::Crr, NAMESPACE, raw(name, context))
+            .create_unchecked(Resource::Crr, NAMESPACE, raw(name, context.clone()))
             .unwrap();
-        let done = cluster.completed(name, Duration::from_secs(10)).await;
-        assert_eq!(done["status"]["message"], message);
     }
     // A CRR for a Pod on another node is not ours: it is never touched.
     let on_b = cluster
@@ -146,9 +150,21 @@ pub(super) async fn bad_crrs_get_their_documented_outcome_and_delay_no_one() {
         .api
         .create_unchecked(Resource::Crr, NAMESPACE, other)
         .unwrap();
-    // Meanwhile a good CRR of this node completes as usual.
+    // Among them, a good CRR of this node takes no longer than the
+    // baseline did alone (with room for a busy machine).
+    let among = Instant::now();
     cluster.create("good", "pod6", &["app"], Value::Null, json!({}));
     cluster.completed("good", Duration::from_secs(60)).await;
+    let among = among.elapsed();
+    eprintln!("a good CRR alone: {alone:?}; among bad ones: {among:?}");
+    assert!(
+        among <= alone * 2 + Duration::from_secs(3),
+        "the bad CRRs delayed the good one: {among:?}, against {alone:?} alone"
+    );
+    for (name, _, message) in bad {
+        let done = cluster.completed(name, Duration::from_secs(10)).await;
+        assert_eq!(done["status"]["message"], message);
+    }
     assert!(
         cluster.crr("elsewhere").unwrap()["status"].is_null(),
         "a CRR of another node was touched"

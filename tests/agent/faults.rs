@@ -44,6 +44,7 @@ pub(super) async fn two_crrs_for_one_pod_back_to_back_both_complete(mode: Setup)
 pub(super) async fn a_watch_compacted_mid_recreate_relists_and_loses_nothing(mode: Setup) {
     let cluster = Cluster::new(mode).await;
     cluster.kubelet.run_pod(app_and_sidecar("pod7")).await;
+    cluster.kubelet.run_pod(app_and_sidecar("pod7b")).await;
     cluster.create("crr-7", "pod7", &["app", "sidecar"], Value::Null, json!({}));
     wait_for(Duration::from_secs(10), || {
         cluster
@@ -58,6 +59,21 @@ pub(super) async fn a_watch_compacted_mid_recreate_relists_and_loses_nothing(mod
     let pod = cluster.kubelet.wait_ready("pod7").await;
     // Each container was killed exactly once.
     assert_recreated(&done, &pod, &["app", "sidecar"]);
+
+    // Compacted again while the agent cannot reach the server, and a CRR
+    // made meanwhile: only the relist after the 410 shows it, and nothing
+    // else (the 10 s requeue is for CRRs the agent already knows) would
+    // ever take it up, so a relist that lost it would leave it unfinished.
+    cluster.api.set_offline(true);
+    cluster.api.compact();
+    cluster.create("crr-7b", "pod7b", &["app"], Value::Null, json!({}));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    cluster.api.set_offline(false);
+    let unseen = cluster.completed("crr-7b", Duration::from_secs(30)).await;
+    assert_eq!(
+        states(&unseen),
+        json!([{"name": "app", "phase": "Succeeded", "isKilled": true}])
+    );
 }
 
 /// The API server unreachable for 30 s: the CRI passthrough does not notice,
@@ -70,9 +86,9 @@ pub(super) async fn an_api_server_outage_only_delays_crrs(mode: Setup) {
     cluster.lease.unanswered = Duration::from_secs(20);
     cluster.start_agent().await;
     cluster.kubelet.run_pod(app_and_sidecar("pod10")).await;
-    let proxy = support::ProxyUnderTest::to(cluster.ctrd.endpoint());
+    // kubelet's path: the proxy that shares its records with this agent.
     let load = tokio::spawn({
-        let cri = proxy.client();
+        let cri = cluster.proxy.client();
         async move {
             let (mut ok, mut failed) = (0u32, 0u32);
             let until = std::time::Instant::now() + Duration::from_secs(34);

@@ -224,6 +224,19 @@ impl Containerd {
         self.dir.join("containerd.log")
     }
 
+    /// The StopContainer calls containerd has served, as its log lines:
+    /// what shows a second stop that a restart count would not (kubelet's
+    /// back-off holds the second restart back).
+    #[allow(dead_code)] // each test binary uses a different part
+    pub fn stop_calls(&self) -> Vec<String> {
+        fs::read_to_string(self.log_path())
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("StopContainer for") && l.contains("with timeout"))
+            .map(str::to_owned)
+            .collect()
+    }
+
     pub fn log_tail(&self) -> String {
         let log = fs::read_to_string(self.log_path()).unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();
