@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh Debian machine: installs containerd, runc
-# and busybox-static when missing, fetches containerd 2.1 (Debian sid) and
-# kustomize into private folders, a Debian root with systemd (debootstrap)
-# for the systemd test, and the Python test peers into a private virtualenv,
+# and busybox-static when missing, fetches containerd 2.1 (Debian sid),
+# kustomize and promtool into private folders, a Debian root with systemd
+# (debootstrap) for the systemd test, and the Python test peers into a private virtualenv,
 # then builds containerd 2.3 and 2.4, Kubernetes v1.37.2 (and a kubelet
 # v1.35.4), OpenKruise v1.9.0 and cri-tools v1.37.0 (critest, crictl) from
 # their Go modules (containerd_go.sh, kube.sh, kruise.sh, critools.sh;
@@ -22,11 +22,13 @@ source scripts/lib/nspawn.sh
 source scripts/lib/kube.sh
 source scripts/lib/kruise.sh
 source scripts/lib/critools.sh
+source scripts/lib/promtool.sh
 ensure_root
 ensure_packages
 ensure_containerd2
 ensure_containerd_go
 ensure_kustomize
+ensure_promtool
 ensure_nspawn_root
 ensure_peers
 ensure_kubernetes

@@ -194,11 +194,14 @@ async fn kube_config_at(path: &std::path::Path) -> Result<kube::Config, AgentErr
 /// rotating certificate); without one, the in-cluster or default
 /// configuration. Until then each failure is logged, and tried again after
 /// 1 s, doubling up to a minute.
-async fn client_when_configured(kubeconfig: Option<&std::path::Path>) -> kube::Client {
+async fn client_when_configured(
+    kubeconfig: Option<&std::path::Path>,
+    metrics: &Arc<Metrics>,
+) -> kube::Client {
     let mut delay = std::time::Duration::from_secs(1);
     loop {
         let client = match kubeconfig {
-            Some(path) => credentials::following(path).await,
+            Some(path) => credentials::following(path, Arc::clone(metrics)).await,
             None => inferred_config()
                 .await
                 .and_then(|config| kube::Client::try_from(config).map_err(AgentError::Kube)),
@@ -276,7 +279,7 @@ pub async fn spawn(
             };
             runtime.block_on(async move {
                 let client = tokio::select! {
-                    client = client_when_configured(kubeconfig.as_deref()) => client,
+                    client = client_when_configured(kubeconfig.as_deref(), &metrics) => client,
                     _ = stopping.wait_for(|stop| *stop) => {
                         let _ = stopped.send(());
                         return;

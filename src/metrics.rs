@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use crate::cri::Method as CriMethod;
 
+mod process;
+
 /// The CRI methods counted by name; any other path counts as `other`, so a
 /// client cannot grow the label set.
 const METHODS: &[(&str, &str)] = &[
@@ -205,6 +207,9 @@ pub struct Metrics {
     in_flight: AtomicI64,
     upstream_connections: AtomicI64,
     crr: Crr,
+    /// When the agent's client certificate ends, in seconds since the
+    /// epoch; 0 while it has none (a token, or no agent).
+    certificate_expiry: AtomicI64,
 }
 
 impl Default for Metrics {
@@ -214,6 +219,7 @@ impl Default for Metrics {
             in_flight: AtomicI64::new(0),
             upstream_connections: AtomicI64::new(0),
             crr: Crr::default(),
+            certificate_expiry: AtomicI64::new(0),
         }
     }
 }
@@ -334,6 +340,13 @@ impl Metrics {
         self.upstream_connections.fetch_sub(1, Ordering::Relaxed);
     }
 
+    /// The end of the client certificate the agent's requests use now
+    /// (seconds since the epoch), or `None` when they use none.
+    pub fn set_client_certificate_expiry(&self, expiry: Option<i64>) {
+        self.certificate_expiry
+            .store(expiry.unwrap_or(0), Ordering::Relaxed);
+    }
+
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -389,6 +402,20 @@ impl Metrics {
             self.upstream_connections.load(Ordering::Relaxed),
         );
         self.render_crr(&mut out);
+        out.push_str("# HELP crr_proxy_client_certificate_expiry_timestamp_seconds When the client certificate of the agent's kubeconfig expires (seconds since the epoch); no sample while it uses none.\n");
+        out.push_str("# TYPE crr_proxy_client_certificate_expiry_timestamp_seconds gauge\n");
+        match self.certificate_expiry.load(Ordering::Relaxed) {
+            0 => {}
+            expiry => {
+                let _ = writeln!(
+                    out,
+                    "crr_proxy_client_certificate_expiry_timestamp_seconds {expiry}"
+                );
+            }
+        }
+        if let Some(process) = process::Process::read(std::path::Path::new("/proc")) {
+            process.render(&mut out);
+        }
         out
     }
 

@@ -156,6 +156,17 @@ async fn probe(addr: &str, path: &str) -> u16 {
         .unwrap_or(0)
 }
 
+/// The body of `/metrics` at `addr`.
+async fn metrics_text(addr: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    answer.split_once("\r\n\r\n").unwrap().1.to_owned()
+}
+
 fn free_addr() -> String {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -594,9 +605,76 @@ fn settings_come_from_flags_then_environment_then_the_settings_file() {
     support::remove_socket_dir(&dir);
 }
 
+/// The part of CRI's PullImageRequest that carries registry credentials
+/// (crr-proxy's own proto leaves the image service's messages out).
+#[derive(Clone, PartialEq, prost::Message)]
+struct PullImageRequest {
+    #[prost(message, optional, tag = "1")]
+    image: Option<ImageSpec>,
+    #[prost(message, optional, tag = "2")]
+    auth: Option<AuthConfig>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct ImageSpec {
+    #[prost(string, tag = "1")]
+    image: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct AuthConfig {
+    #[prost(string, tag = "1")]
+    username: String,
+    #[prost(string, tag = "2")]
+    password: String,
+}
+
+/// A PullImage with registry credentials and a CreateContainer with an
+/// environment value from a Secret, as kubelet sends them: gRPC bodies.
+fn calls_carrying_secrets(password: &str, env_value: &str) -> Vec<(&'static str, Vec<u8>)> {
+    use crr_proxy::cri::v1;
+    use prost::Message as _;
+    let pull = PullImageRequest {
+        image: Some(ImageSpec {
+            image: "registry.example/app:1".into(),
+        }),
+        auth: Some(AuthConfig {
+            username: "robot".into(),
+            password: password.into(),
+        }),
+    };
+    let create = v1::CreateContainerRequest {
+        pod_sandbox_id: "sandbox".into(),
+        config: Some(v1::ContainerConfig {
+            envs: vec![v1::KeyValue {
+                key: "DB_PASSWORD".into(),
+                value: env_value.into(),
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    vec![
+        (
+            "/runtime.v1.ImageService/PullImage",
+            raw::grpc_frame(&pull.encode_to_vec()),
+        ),
+        (
+            "/runtime.v1.RuntimeService/CreateContainer",
+            raw::grpc_frame(&create.encode_to_vec()),
+        ),
+    ]
+}
+
+/// Neither the agent's bearer token nor what kubelet's CRI calls carry
+/// (registry credentials, a Secret's value in a container's environment)
+/// reaches crr-proxy's log at `trace`, or its metrics; the runtime gets
+/// those calls byte for byte.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_follows_the_runtime_and_credentials_never_reach_the_logs() {
     const TOKEN: &str = "s3cr3t-bearer-token-9f1c";
+    const PASSWORD: &str = "s3cr3t-registry-password-41d7";
+    const ENV_VALUE: &str = "s3cr3t-env-from-a-secret-c0a2";
     let api = support::apiserver::FakeApiServer::start().await;
     api.add_user(TOKEN, support::policy::UserInfo::node("node-a"));
     let upstream = FakeUpstream::start();
@@ -611,6 +689,24 @@ async fn readyz_follows_the_runtime_and_credentials_never_reach_the_logs() {
         .unwrap();
     support::wait_for_path(&listen);
     wait_until_ready(&addr).await;
+    let calls = calls_carrying_secrets(PASSWORD, ENV_VALUE);
+    for (path, body) in &calls {
+        let mut sender = raw::connect(&listen).await.unwrap();
+        let request = raw::grpc_request(path, &[], body.clone());
+        raw::record(raw::send(&mut sender, request).await.unwrap())
+            .await
+            .unwrap();
+    }
+    let seen = upstream.seen();
+    for (path, body) in &calls {
+        assert!(
+            seen.iter().any(|s| s.path == *path && s.body == *body),
+            "{path} did not reach the runtime as sent"
+        );
+    }
+    let metrics = metrics_text(&addr).await;
+    assert!(metrics.contains("method=\"PullImage\""), "{metrics}");
+    assert!(!metrics.contains("s3cr3t"), "a secret is in the metrics");
     // The runtime goes away: not ready, but still alive and serving.
     let socket = upstream.socket.clone();
     drop(upstream);
@@ -628,10 +724,12 @@ async fn readyz_follows_the_runtime_and_credentials_never_reach_the_logs() {
     );
     assert!(logs.lines().count() > 20, "trace logs expected:\n{logs}");
     assert!(!logs.contains(TOKEN), "the bearer token was logged");
+    assert!(!logs.contains(PASSWORD), "the registry password was logged");
     assert!(
-        !logs.contains("s3cr3t"),
-        "part of the bearer token was logged"
+        !logs.contains(ENV_VALUE),
+        "the environment value was logged"
     );
+    assert!(!logs.contains("s3cr3t"), "part of a secret was logged");
     support::remove_socket_dir(&listen);
 }
 

@@ -26,6 +26,7 @@ use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
 use super::{AgentError, kube_config_at};
+use crate::metrics::Metrics;
 use crate::telemetry::Chain;
 
 /// How often the files are compared with those the client was built from.
@@ -41,24 +42,64 @@ const PAUSE: Duration = Duration::from_secs(1);
 /// (each look is about 2 s apart).
 const UNREAD_WARN: u32 = 5;
 
-/// A client for `kubeconfig` whose credentials follow the files.
-pub(crate) async fn following(kubeconfig: &Path) -> Result<kube::Client, AgentError> {
+/// A client for `kubeconfig` whose credentials follow the files. `metrics`
+/// learns when the client certificate in use expires.
+pub(crate) async fn following(
+    kubeconfig: &Path,
+    metrics: Arc<Metrics>,
+) -> Result<kube::Client, AgentError> {
     let sources = Sources::read(kubeconfig).await?;
     let config = kube_config_at(kubeconfig).await?;
     let namespace = config.default_namespace.clone();
+    let expiry = certificate_expiry(&config);
     let client = kube::Client::try_from(config).map_err(AgentError::Kube)?;
+    metrics.set_client_certificate_expiry(expiry);
     let shared = Arc::new(Shared {
         client: RwLock::new(client),
         stale: Notify::new(),
+        metrics,
     });
     tokio::spawn(watch(kubeconfig.to_owned(), sources, Arc::clone(&shared)));
     Ok(kube::Client::new(Following { shared }, namespace))
+}
+
+/// When the client certificate `config` authenticates with ends, in
+/// seconds since the epoch: the first certificate of its PEM (kubelet's
+/// `kubelet-client-current.pem` holds the key beside it). `None` without
+/// one, or where it cannot be read (the client build reports that).
+fn certificate_expiry(config: &kube::Config) -> Option<i64> {
+    use base64::Engine as _;
+    let auth = &config.auth_info;
+    let pem = match (&auth.client_certificate_data, &auth.client_certificate) {
+        (Some(data), _) => base64::engine::general_purpose::STANDARD
+            .decode(data.trim())
+            .ok()?,
+        (None, Some(path)) => std::fs::read(path).ok()?,
+        (None, None) => return None,
+    };
+    pem_expiry(&pem)
+}
+
+fn pem_expiry(pem: &[u8]) -> Option<i64> {
+    use x509_cert::der::Decode as _;
+    let block = pem::parse_many(pem)
+        .ok()?
+        .into_iter()
+        .find(|block| block.tag() == "CERTIFICATE")?;
+    let certificate = x509_cert::Certificate::from_der(block.contents()).ok()?;
+    let end = certificate
+        .tbs_certificate()
+        .validity()
+        .not_after
+        .to_unix_duration();
+    i64::try_from(end.as_secs()).ok()
 }
 
 /// The client in use, and the signal that it may be out of date.
 struct Shared {
     client: RwLock<kube::Client>,
     stale: Notify,
+    metrics: Arc<Metrics>,
 }
 
 impl Shared {
@@ -132,12 +173,15 @@ async fn watch(kubeconfig: PathBuf, mut built_from: Sources, shared: Arc<Shared>
                 shared.stale.notify_one();
             }
             Ok(now) if now == built_from => {}
-            Ok(now) => match kube_config_at(&kubeconfig)
-                .await
-                .and_then(|config| kube::Client::try_from(config).map_err(AgentError::Kube))
-            {
-                Ok(client) => {
+            Ok(now) => match kube_config_at(&kubeconfig).await.and_then(|config| {
+                let expiry = certificate_expiry(&config);
+                kube::Client::try_from(config)
+                    .map(|client| (client, expiry))
+                    .map_err(AgentError::Kube)
+            }) {
+                Ok((client, expiry)) => {
                     shared.replace(client);
+                    shared.metrics.set_client_certificate_expiry(expiry);
                     built_from = now;
                     info!(kubeconfig = %kubeconfig.display(), "the kubeconfig or a credential it names changed; new requests use it");
                 }
