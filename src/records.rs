@@ -197,11 +197,33 @@ mod tests {
         std::fs::remove_file(&file).unwrap();
         let made = std::process::Command::new("mkfifo").arg(&file).status();
         assert!(made.unwrap().success());
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
         let writer = {
             let records = Arc::clone(&records);
-            std::thread::spawn(move || records.insert("def", "shop/second"))
+            std::thread::spawn(move || {
+                let _ = tid_tx.send(std::fs::read_link("/proc/thread-self").unwrap());
+                records.insert("def", "shop/second")
+            })
         };
-        std::thread::sleep(std::time::Duration::from_millis(100));
+        // The lookup below shows something only once the writer waits on
+        // the FIFO: its thread asleep (its only sleep is opening the FIFO,
+        // which waits for a reader).
+        let stat = std::path::Path::new("/proc")
+            .join(tid_rx.recv().unwrap())
+            .join("stat");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let text = std::fs::read_to_string(&stat).unwrap();
+            let state = text.rsplit_once(')').unwrap().1.split_whitespace().next();
+            if state == Some("S") {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the writer never waited: {text}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         let (tx, rx) = std::sync::mpsc::channel();
         let reader = {
             let records = Arc::clone(&records);

@@ -321,8 +321,10 @@ async fn containerd_down_is_unavailable_then_the_same_proxy_recovers() {
         "{}",
         status.message()
     );
+    // At once: not after connect retries or a dial timeout (grpc-go's is
+    // 20 s). How fast is the benchmark's business.
     assert!(
-        started.elapsed() < Duration::from_secs(1),
+        started.elapsed() < Duration::from_secs(5),
         "took {:?}",
         started.elapsed()
     );

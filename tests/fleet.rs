@@ -278,6 +278,23 @@ fn start_containerd() -> Arc<Containerd> {
     Arc::new(Containerd::start().unwrap())
 }
 
+/// The CRR watch events the API server has sent, once their count has not
+/// changed for half a second (the fan-out of the last write is over).
+async fn settled_crr_events(api: &support::apiserver::FakeApiServer) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (mut last, mut since) = (api.watch_events(Resource::Crr), Instant::now());
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = api.watch_events(Resource::Crr);
+        if now != last {
+            (last, since) = (now, Instant::now());
+        } else if since.elapsed() >= Duration::from_millis(500) {
+            return now;
+        }
+        assert!(Instant::now() < deadline, "CRR watch events never settled");
+    }
+}
+
 /// The watch events the API server sends per CRR do not grow with the
 /// number of nodes. For N = 1, 10 and 50 nodes: one CRR that recreates a
 /// container and four that node-0 refuses (no such container), each
@@ -295,9 +312,8 @@ async fn watch_events_per_crr_do_not_grow_with_the_nodes() {
             .kubelet
             .run_pod(PodSpec::new(&pod, vec![ContainerSpec::graceful("app")]))
             .await;
-        // Let the start-up's own events pass.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let before = fleet.api.watch_events(Resource::Crr);
+        // The start-up's own events over first.
+        let before = settled_crr_events(&fleet.api).await;
         let started = Instant::now();
         fleet.create("restart", &pod, "app");
         for i in 0..4 {
@@ -318,9 +334,8 @@ async fn watch_events_per_crr_do_not_grow_with_the_nodes() {
             );
         }
         let took = started.elapsed();
-        // Whatever the last writes still fan out.
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let events = fleet.api.watch_events(Resource::Crr) - before;
+        // Whatever the last writes still fan out, counted once it is over.
+        let events = settled_crr_events(&fleet.api).await - before;
         let each = events as f64 / 5.0;
         eprintln!(
             "fleet: {nodes} nodes: {events} CRR watch events for 5 CRRs ({each:.1} per CRR), all done in {took:.1?}"

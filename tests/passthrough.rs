@@ -223,7 +223,16 @@ async fn streams_on_one_connection_do_not_block_each_other() {
         raw::record(response).await.unwrap();
         Instant::now()
     });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The stream must be open at the runtime before the calls go, or the
+    // test shows nothing.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !upstream.seen().iter().any(|s| s.path == upstream::STREAM) {
+        assert!(
+            Instant::now() < deadline,
+            "the stream never reached the runtime"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let unary: Vec<_> = (0..64)
         .map(|_| {
             let mut sender = sender.clone();
@@ -299,8 +308,10 @@ async fn runtime_down_is_unavailable_at_once_and_service_resumes() {
             "message does not name the endpoint: {}",
             status.message()
         );
+        // At once: not after connect retries or a dial timeout (grpc-go's
+        // is 20 s). How fast is the benchmark's business.
         assert!(
-            started.elapsed() < Duration::from_millis(500),
+            started.elapsed() < Duration::from_secs(5),
             "took {:?}",
             started.elapsed()
         );

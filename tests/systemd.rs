@@ -283,13 +283,16 @@ fn inode(path: &Path) -> u64 {
     std::fs::metadata(path).unwrap().ino()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_release_installs_and_runs_under_a_real_systemd() {
+/// A release of the suite's binary (scripts/release.sh) and a machine
+/// booted to install it: the release at /dist, the test's containerd
+/// socket at `runtime`, and crr-proxy's socket folder bound out to
+/// `socket`'s. (Bound in that order, the machine goes before containerd.)
+async fn released(name: &str, runtime: &str) -> (Containerd, Machine, PathBuf, String) {
     let ctrd = tokio::task::spawn_blocking(Containerd::start)
         .await
         .unwrap()
         .unwrap();
-    let dir = ctrd.scratch("systemd");
+    let dir = ctrd.scratch(name);
     let dist = dir.join("dist");
     ok(Command::new("bash")
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/release.sh"))
@@ -300,15 +303,21 @@ async fn the_release_installs_and_runs_under_a_real_systemd() {
         .to_owned();
     let run = dir.join("run");
     std::fs::create_dir_all(&run).unwrap();
-    let socket = run.join("crr-proxy.sock");
     let machine = Machine::boot(
         &dir.join("machine"),
         &[
-            (&ctrd.socket(), "/run/containerd/containerd.sock"),
+            (&ctrd.socket(), runtime),
             (&run, "/run/crr-proxy"),
             (&dist, "/dist"),
         ],
     );
+    (ctrd, machine, run.join("crr-proxy.sock"), arch)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_release_installs_and_runs_under_a_real_systemd() {
+    let (_ctrd, machine, socket, arch) =
+        released("systemd", "/run/containerd/containerd.sock").await;
     machine.ok(&format!(
         "mkdir -p /var/lib/kubelet && printf '{}' >/var/lib/kubelet/config.yaml && \
          printf '{}' >/etc/systemd/system/kubelet.service && systemctl daemon-reload && \
@@ -580,32 +589,10 @@ async fn the_switch_carries_kubelets_runtime_and_the_bypass_keeps_crr_proxy() {
             "docs/installing.md lost {command:?}"
         );
     }
-    let ctrd = tokio::task::spawn_blocking(Containerd::start)
-        .await
-        .unwrap()
-        .unwrap();
-    let dir = ctrd.scratch("systemd-carry");
-    let dist = dir.join("dist");
-    ok(Command::new("bash")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/release.sh"))
-        .args(["--binary", BINARY, "--allow-dirty", "--out"])
-        .arg(&dist));
-    let arch = ok(Command::new("dpkg").arg("--print-architecture"))
-        .trim()
-        .to_owned();
-    let run = dir.join("run");
-    std::fs::create_dir_all(&run).unwrap();
-    let socket = run.join("crr-proxy.sock");
     // containerd answers only where kubelet's flag will say, never at
     // crr-proxy's default endpoint.
-    let machine = Machine::boot(
-        &dir.join("machine"),
-        &[
-            (&ctrd.socket(), RUNTIME.trim_start_matches("unix://")),
-            (&run, "/run/crr-proxy"),
-            (&dist, "/dist"),
-        ],
-    );
+    let (_ctrd, machine, socket, arch) =
+        released("systemd-carry", RUNTIME.trim_start_matches("unix://")).await;
     // kubelet's stand-in notes, each time it starts, whether crr-proxy's
     // socket is there.
     let unit = "[Service]\nExecStartPre=/bin/sh -c 'systemctl is-active crr-proxy.socket >>/run/kubelet-saw || true'\n\

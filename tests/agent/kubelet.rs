@@ -79,7 +79,6 @@ pub(super) async fn restart_policies_decide_what_a_crr_does(mode: Setup) {
         cluster.kubelet.run_pod(spec).await;
     }
     let before = container_status(&cluster.pod("never"), "app");
-    let started = Instant::now();
     for name in ["never", "once", "on-42", "resets"] {
         cluster.create(
             &format!("crr-{name}"),
@@ -93,11 +92,6 @@ pub(super) async fn restart_policies_decide_what_a_crr_does(mode: Setup) {
     let refused = cluster
         .completed("crr-never", Duration::from_secs(20))
         .await;
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "{:?}",
-        started.elapsed()
-    );
     assert_eq!(
         states(&refused),
         json!([{"name": "app", "phase": "Failed",

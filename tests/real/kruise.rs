@@ -365,10 +365,20 @@ fn openkruises_own_crr_scenarios_hold_on_the_real_manager() {
     );
     let done = wait_crr_completed(&mut cluster, "shop", "e2e-1a");
     assert!(done["status"]["completionTime"].is_string(), "{done:#}");
-    assert!(
-        done["metadata"]["labels"]["crr.apps.kruise.io/active"].is_null(),
-        "{done:#}"
-    );
+    // kruise-manager drops the active label once it sees the completion
+    // (and only then counts the TTL): a moment after the daemon's write.
+    cluster
+        .wait(
+            "kruise-manager to drop the active label",
+            Duration::from_secs(6),
+            |c| {
+                let crr = c.get(&[CRR_V1ALPHA1, "e2e-1a", "-n", "shop"])?;
+                Ok(crr["metadata"]["labels"]["crr.apps.kruise.io/active"]
+                    .is_null()
+                    .then_some(()))
+            },
+        )
+        .unwrap();
     assert_eq!(
         done["status"]["containerRecreateStates"],
         json!([{"name": "app", "phase": "Succeeded", "isKilled": true}])
