@@ -47,7 +47,8 @@ while (($#)); do
     --kubelet-only) kubelet_only=true; shift ;;
     --bypass) uninstall=true; kubelet_only=true; shift ;;
     --identity) identity="$2"; shift 2 ;;
-    -h|--help) sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    # The comment block at the top, whatever its length.
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "install.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done

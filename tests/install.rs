@@ -1159,3 +1159,31 @@ fn a_runtime_flag_in_kubelets_unit_is_never_overridden_by_a_file() {
     assert_eq!(kubelet_files(&root), kubelet_before);
     support::remove_socket_dir(&socket);
 }
+
+/// `install.sh --help` prints its whole comment header, every option
+/// included, and none of its code.
+#[test]
+fn the_help_is_the_scripts_header() {
+    let out = install_sh(Path::new("/nonexistent"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for option in [
+        "--binary",
+        "--kubelet-only",
+        "--bypass",
+        "--uninstall",
+        "DESTDIR=",
+    ] {
+        assert!(
+            help.contains(option),
+            "{option} is not in the help:\n{help}"
+        );
+    }
+    assert!(
+        !help.contains("set -euo pipefail"),
+        "code in the help:\n{help}"
+    );
+}
