@@ -156,17 +156,6 @@ async fn probe(addr: &str, path: &str) -> u16 {
         .unwrap_or(0)
 }
 
-/// The body of `/metrics` at `addr`.
-async fn metrics_text(addr: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).await.unwrap();
-    answer.split_once("\r\n\r\n").unwrap().1.to_owned()
-}
-
 fn free_addr() -> String {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -704,7 +693,13 @@ async fn readyz_follows_the_runtime_and_credentials_never_reach_the_logs() {
             "{path} did not reach the runtime as sent"
         );
     }
-    let metrics = metrics_text(&addr).await;
+    let metrics = tokio::task::spawn_blocking({
+        let addr = addr.clone();
+        move || support::metrics::scrape(&addr)
+    })
+    .await
+    .unwrap()
+    .unwrap();
     assert!(metrics.contains("method=\"PullImage\""), "{metrics}");
     assert!(!metrics.contains("s3cr3t"), "a secret is in the metrics");
     // The runtime goes away: not ready, but still alive and serving.

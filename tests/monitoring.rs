@@ -158,16 +158,6 @@ fn certificate(dir: &Path, days: u32) -> i64 {
         .unwrap()
 }
 
-fn scrape(addr: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).ok()?;
-    write!(stream, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).ok()?;
-    let (head, body) = answer.split_once("\r\n\r\n")?;
-    head.contains(" 200 ").then(|| body.to_owned())
-}
-
 fn expiry_sample(metrics: &str) -> Option<i64> {
     metrics
         .lines()
@@ -181,7 +171,7 @@ fn expiry_sample(metrics: &str) -> Option<i64> {
 fn wait_for_expiry(addr: &str, log: &Path, want: i64) -> String {
     let deadline = Instant::now() + Duration::from_secs(75);
     loop {
-        let metrics = scrape(addr);
+        let metrics = support::metrics::scrape(addr).ok();
         if let Some(metrics) = metrics
             .as_deref()
             .filter(|m| expiry_sample(m) == Some(want))

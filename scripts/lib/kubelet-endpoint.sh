@@ -83,6 +83,9 @@ line_value() { sed -E "s/^[^:]*:[[:space:]]*//; s/[[:space:]]+#.*$//; s/^\"(.*)\
 # The first word of $1 that sets the flag $2 (--flag=value or --flag value).
 flag_word() { grep -o -m1 -E -- "$2(=|[[:space:]]+)[^[:space:]\"']+" "$1" | head -n1 || true; }
 
+# The value in the word $1 that sets the flag $2 (as flag_word gives it).
+word_value() { sed -E "s/^$2(=|[[:space:]]+)//" <<<"$1"; }
+
 # Points the top-level key $2 of the YAML file $1 (relative to root) at the socket.
 switch_line() {
   local rel="$1" key="$2" file="$root$1" cur
@@ -121,7 +124,7 @@ config_dir() {
     [[ -f $root$rel ]] || continue
     word="$(flag_word "$root$rel" --config-dir)"
     if [[ -n $word ]]; then
-      sed -E 's/^--config-dir(=|[[:space:]]+)//' <<<"$word"
+      word_value "$word" --config-dir
       return
     fi
   done
@@ -325,7 +328,7 @@ original_endpoint() {
     $1 == "line" && $3 == key && $4 != "" { print $4; exit }
     $1 == "flag" && $3 == flag { print $4; exit }' "$switch_record")"
   case "$word" in
-    --*) sed -E "s/^$flag(=|[[:space:]]+)//" <<<"$word" ;;
+    --*) word_value "$word" "$flag" ;;
     ?*) line_value "$word" ;;
   esac
 }
@@ -351,16 +354,17 @@ file_value() {
 # last argument does), else the last drop-in of --config-dir that sets it,
 # else the --config file, else kubelet's default. Bare paths get unix://.
 current_endpoint() {
-  local key="$1" value="" rel word dir file
+  local key="$1" flag value="" rel word dir file
+  flag="$(key_flag "$key")"
+  # The unit's own command line first: the flags files' words come after
+  # it on ExecStart.
   while IFS= read -r file; do
-    word="$(flag_word "$file" "$(key_flag "$key")")"
-    [[ -z $word ]] || value="$(sed -E "s/^$(key_flag "$key")(=|[[:space:]]+)//" <<<"$word")"
-  done < <(unit_files)
-  for rel in "${flag_files[@]}"; do
-    [[ -f $root$rel ]] || continue
-    word="$(flag_word "$root$rel" "$(key_flag "$key")")"
-    [[ -z $word ]] || value="$(sed -E "s/^$(key_flag "$key")(=|[[:space:]]+)//" <<<"$word")"
-  done
+    word="$(flag_word "$file" "$flag")"
+    [[ -z $word ]] || value="$(word_value "$word" "$flag")"
+  done < <(
+    unit_files
+    for rel in "${flag_files[@]}"; do [[ ! -f $root$rel ]] || printf '%s\n' "$root$rel"; done
+  )
   dir="$(config_dir)"
   if [[ -z $value && -n $dir && -d $root$dir ]]; then
     while IFS= read -r file; do

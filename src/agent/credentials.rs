@@ -51,8 +51,7 @@ pub(crate) async fn following(
     let sources = Sources::read(kubeconfig).await?;
     let config = kube_config_at(kubeconfig).await?;
     let namespace = config.default_namespace.clone();
-    let expiry = certificate_expiry(&config);
-    let client = kube::Client::try_from(config).map_err(AgentError::Kube)?;
+    let (client, expiry) = client_for(config)?;
     metrics.set_client_certificate_expiry(expiry);
     let shared = Arc::new(Shared {
         client: RwLock::new(client),
@@ -61,6 +60,13 @@ pub(crate) async fn following(
     });
     tokio::spawn(watch(kubeconfig.to_owned(), sources, Arc::clone(&shared)));
     Ok(kube::Client::new(Following { shared }, namespace))
+}
+
+/// A client for `config`, and when its client certificate ends.
+fn client_for(config: kube::Config) -> Result<(kube::Client, Option<i64>), AgentError> {
+    let expiry = certificate_expiry(&config);
+    let client = kube::Client::try_from(config).map_err(AgentError::Kube)?;
+    Ok((client, expiry))
 }
 
 /// When the client certificate `config` authenticates with ends, in
@@ -173,12 +179,7 @@ async fn watch(kubeconfig: PathBuf, mut built_from: Sources, shared: Arc<Shared>
                 shared.stale.notify_one();
             }
             Ok(now) if now == built_from => {}
-            Ok(now) => match kube_config_at(&kubeconfig).await.and_then(|config| {
-                let expiry = certificate_expiry(&config);
-                kube::Client::try_from(config)
-                    .map(|client| (client, expiry))
-                    .map_err(AgentError::Kube)
-            }) {
+            Ok(now) => match kube_config_at(&kubeconfig).await.and_then(client_for) {
                 Ok((client, expiry)) => {
                     shared.replace(client);
                     shared.metrics.set_client_certificate_expiry(expiry);

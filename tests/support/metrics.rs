@@ -2,6 +2,25 @@
 
 use std::collections::BTreeMap;
 
+use anyhow::{Context, Result, bail};
+
+/// The `/metrics` text of the crr-proxy serving `addr` (`host:port`).
+#[allow(dead_code)] // each test binary uses a different part
+pub fn scrape(addr: &str) -> Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    write!(stream, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    let (head, body) = answer
+        .split_once("\r\n\r\n")
+        .context("no HTTP answer from /metrics")?;
+    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
+        bail!("/metrics: {head}");
+    }
+    Ok(body.to_owned())
+}
+
 /// CRI calls by `Service/Method`, from a `/metrics` text.
 pub fn cri_calls(metrics: &str) -> BTreeMap<String, u64> {
     let mut calls = BTreeMap::new();

@@ -305,22 +305,7 @@ impl Node {
 
     /// crr-proxy's `/metrics` text.
     pub fn proxy_metrics(&self) -> Result<String> {
-        use std::io::{Read, Write};
-        let mut stream = std::net::TcpStream::connect(&self.metrics)?;
-        write!(
-            stream,
-            "GET /metrics HTTP/1.0\r\nHost: {}\r\n\r\n",
-            self.metrics
-        )?;
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer)?;
-        let (head, body) = answer
-            .split_once("\r\n\r\n")
-            .context("no HTTP answer from /metrics")?;
-        if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
-            bail!("/metrics: {head}");
-        }
-        Ok(body.to_owned())
+        super::metrics::scrape(&self.metrics)
     }
 
     /// crr-proxy's process id, while it runs.
