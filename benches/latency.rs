@@ -165,11 +165,68 @@ fn main() -> anyhow::Result<()> {
         anyhow::ensure!(status.success(), "the grpcio client failed: {status}");
     }
     drop(proxy);
+    runtime.block_on(runtime_down(calls.min(1000)))?;
 
     if crrs > 0 {
         println!("# agent (kruise mode)");
         runtime.block_on(agent(&ctrd, crrs))?;
     }
+    support::remove_socket_dir(&proxy_socket);
+    support::remove_socket_dir(&socat_socket);
+    Ok(())
+}
+
+/// A runtime that is not there: how long a call takes to fail, through
+/// crr-proxy (UNAVAILABLE, on kubelet's one connection), through socat and
+/// directly (the dial fails). tests/containerd.rs and tests/passthrough.rs
+/// only bound it at 5 s ("at once": no connect retries, no dial timeout);
+/// the figure is here.
+async fn runtime_down(calls: usize) -> anyhow::Result<()> {
+    let gone = support::temp_socket("bench-gone");
+    let proxy_socket = support::temp_socket("bench-down");
+    let _proxy = Spawned::new(
+        Command::new(env!("CARGO_BIN_EXE_crr-proxy"))
+            .arg("run")
+            .args(["--listen", proxy_socket.to_str().unwrap_or_default()])
+            .args(["--runtime-endpoint", &format!("unix://{}", gone.display())])
+            .args(["--metrics-addr", "off"]),
+    )?;
+    let socat_socket = support::temp_socket("bench-down-socat");
+    let _socat = Spawned::new(
+        Command::new("socat")
+            .arg(format!("UNIX-LISTEN:{},fork", socat_socket.display()))
+            .arg(format!("UNIX-CONNECT:{}", gone.display())),
+    )?;
+    support::wait_for_path(&proxy_socket);
+    support::wait_for_path(&socat_socket);
+    println!("# the runtime down: {calls} Version calls per target, each until it fails");
+    for (name, endpoint) in [
+        ("direct", Endpoint::from_path(&gone)),
+        ("crr-proxy", Endpoint::from_path(&proxy_socket)),
+        ("socat", Endpoint::from_path(&socat_socket)),
+    ] {
+        let mut client = support::client(&endpoint);
+        let mut took = Vec::with_capacity(calls);
+        let mut codes = std::collections::BTreeSet::new();
+        for _ in 0..calls {
+            let start = Instant::now();
+            let answer = client.version(VersionRequest::default()).await;
+            took.push(start.elapsed());
+            match answer {
+                Ok(_) => anyhow::bail!("{name}: Version answered with no runtime"),
+                Err(status) => codes.insert(format!("{:?}", status.code())),
+            };
+        }
+        took.sort();
+        let p = |q: f64| took[((took.len() - 1) as f64 * q) as usize];
+        println!(
+            "{name:>9}: p50 {:>8.1?}  p99 {:>8.1?}  max {:>8.1?}  codes {codes:?}",
+            p(0.50),
+            p(0.99),
+            took[took.len() - 1]
+        );
+    }
+    support::remove_socket_dir(&gone);
     support::remove_socket_dir(&proxy_socket);
     support::remove_socket_dir(&socat_socket);
     Ok(())

@@ -8,6 +8,7 @@
 #   scripts/install.sh [--binary PATH] [--kubelet-config PATH]
 #                      [--kubeconfig FILE | --identity kubelet]
 #                      [--kubelet-only] [--uninstall] [--bypass]
+#                      [--kubelet-unit NAME]
 #
 #   --binary PATH          crr-proxy to install (default: target/release/crr-proxy
 #                          in a checkout, bin/crr-proxy in a release tarball)
@@ -18,6 +19,9 @@
 #                          runtime, everything else kept (crr-proxy keeps running
 #                          with its settings); --kubelet-only undoes it
 #   --kubelet-config PATH  KubeletConfiguration file (default: /var/lib/kubelet/config.yaml)
+#   --kubelet-unit NAME    kubelet's systemd unit, whose files are read and which is
+#                          restarted (default: the unit of the running kubelet
+#                          process, else kubelet.service)
 #   --kubeconfig FILE      the node's identity (scripts/node-identity.sh), installed
 #                          as /etc/crr-proxy/kubeconfig (0600) and named in crr-proxy.env
 #   --identity kubelet     kruise mode under kubelet's own identity instead:
@@ -27,6 +31,9 @@
 #                          --identity kubelet to the cluster)
 #   DESTDIR=/some/root     install under another root (packaging, tests); then
 #                          nothing is started or restarted
+#
+# The binary goes to /usr/local/bin, or to /opt/bin where /usr is read-only
+# (Flatcar); the installed crr-proxy.service names it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,6 +44,7 @@ kubelet_only=false
 kubelet_config=/var/lib/kubelet/config.yaml
 kubeconfig=""
 identity=""
+kubelet_unit=""
 uninstall=false
 while (($#)); do
   case "$1" in
@@ -47,6 +55,7 @@ while (($#)); do
     --kubelet-only) kubelet_only=true; shift ;;
     --bypass) uninstall=true; kubelet_only=true; shift ;;
     --identity) identity="$2"; shift 2 ;;
+    --kubelet-unit) kubelet_unit="$2"; shift 2 ;;
     # The comment block at the top, whatever its length.
     -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "install.sh: unknown argument $1" >&2; exit 2 ;;
@@ -64,12 +73,47 @@ fi
 
 root="${DESTDIR:-}"
 socket=unix:///run/crr-proxy/crr-proxy.sock
-bin_path="$root/usr/local/bin/crr-proxy"
 unit_dir="$root/etc/systemd/system"
 conf_dir="$root/etc/crr-proxy"
-source scripts/lib/kubelet-endpoint.sh
 
 live_systemd() { [[ -z "$root" && -d /run/systemd/system ]] && command -v systemctl >/dev/null; }
+
+# True when files can be made at $1, or at its nearest existing parent
+# (access(2): false on a read-only file system, even for root).
+writable() {
+  local dir="$1"
+  while [[ ! -e $dir ]]; do dir="$(dirname "$dir")"; done
+  [[ -w $dir ]]
+}
+# Where the binary is: the one the installed unit runs, else /usr/local/bin,
+# else (a read-only /usr, as on Flatcar) /opt/bin, where such nodes keep
+# their own binaries.
+installed_bin="$(sed -n -E 's/^ExecStart=([^[:space:]]+) run$/\1/p' "$unit_dir/crr-proxy.service" 2>/dev/null || true)"
+if [[ -n $installed_bin ]]; then
+  bin_path="$root$installed_bin"
+elif writable "$root/usr/local/bin"; then
+  bin_path="$root/usr/local/bin/crr-proxy"
+else
+  bin_path="$root/opt/bin/crr-proxy"
+fi
+
+# kubelet's unit: as given, else the unit whose cgroup holds the running
+# kubelet (a kubelet in another unit, as snaps or custom images name it),
+# else kubelet.service.
+running_kubelet_unit() {
+  local comm unit
+  for comm in /proc/[0-9]*/comm; do
+    [[ "$(cat "$comm" 2>/dev/null)" == kubelet ]] || continue
+    unit="$(grep -o -m1 -E '[^/]+\.service' "${comm%comm}cgroup" 2>/dev/null | tail -n1 || true)"
+    if [[ -n $unit ]]; then
+      printf '%s\n' "$unit"
+      return
+    fi
+  done
+}
+if [[ -z $kubelet_unit ]] && live_systemd; then kubelet_unit="$(running_kubelet_unit)"; fi
+kubelet_unit="${kubelet_unit:-kubelet.service}"
+source scripts/lib/kubelet-endpoint.sh
 
 dropin_dir="$unit_dir/crr-proxy.service.d"
 kubelet_kubeconfig=/etc/kubernetes/kubelet.conf
@@ -131,7 +175,7 @@ if $uninstall; then
   # kubelet first, while the socket still answers: its calls never meet
   # a closed socket.
   restore_kubelet
-  if live_systemd && $kubelet_touched; then systemctl restart kubelet.service || true; fi
+  if live_systemd && $kubelet_touched; then systemctl restart "$kubelet_unit" || true; fi
   if $kubelet_only; then
     echo "kubelet no longer uses crr-proxy: it dials its runtime directly; crr-proxy is still installed, with its settings (install.sh --kubelet-only points kubelet at it again)"
     exit 0
@@ -228,7 +272,7 @@ if $kubelet_only; then
   elif ! $kubelet_touched; then
     echo "kubelet already points at $socket; kubelet is not restarted"
   elif live_systemd; then
-    systemctl restart kubelet.service
+    systemctl restart "$kubelet_unit"
   fi
   echo "kubelet switched to $socket"
   exit 0
@@ -241,7 +285,10 @@ running=false
 if live_systemd && systemctl is-active --quiet crr-proxy.service; then running=true; fi
 install -D -m 0755 "$binary" "$bin_path"
 install -D -m 0644 systemd/crr-proxy.socket "$unit_dir/crr-proxy.socket"
-install -D -m 0644 systemd/crr-proxy.service "$unit_dir/crr-proxy.service"
+sed "s|^ExecStart=/usr/local/bin/crr-proxy |ExecStart=${bin_path#"$root"} |" systemd/crr-proxy.service |
+  install -D -m 0644 /dev/stdin "$unit_dir/crr-proxy.service"
+[[ $bin_path == "$root/usr/local/bin/crr-proxy" ]] ||
+  echo "installed crr-proxy as ${bin_path#"$root"} (/usr/local/bin is read-only here)"
 install -d -m 0750 "$conf_dir"
 # The operator's settings survive re-installs and upgrades.
 [[ -e "$conf_dir/crr-proxy.env" ]] || install -m 0640 systemd/crr-proxy.env "$conf_dir/crr-proxy.env"
@@ -261,5 +308,5 @@ switch_kubelet
 if ! $kubelet_touched && ! $kubelet_unswitched; then
   echo "kubelet already points at $socket; kubelet is not restarted"
 fi
-if live_systemd && $kubelet_touched; then systemctl restart kubelet.service; fi
+if live_systemd && $kubelet_touched; then systemctl restart "$kubelet_unit"; fi
 echo "crr-proxy installed"

@@ -69,6 +69,7 @@ async fn the_rules_hold_on_the_real_api_server() {
         .await;
     a_json_patch_applies_only_when_its_tests_hold_on(&Target::real(&mut cluster, "patches").await)
         .await;
+    unknown_fields_are_pruned_or_refused_on(&Target::real(&mut cluster, "pruning").await).await;
 }
 
 fn crr(name: &str, labels: serde_json::Value) -> ContainerRecreateRequest {
@@ -906,4 +907,98 @@ async fn a_json_patch_applies_only_when_its_tests_hold_on(t: &Target) {
     assert_eq!(names, ["app", "sidecar"]);
     // The main resource keeps the status it had.
     assert!(held.status.is_none());
+}
+
+/// Pruning: a field the CRD's schema does not declare, at any depth, is
+/// dropped from a create and from a status patch (the default field
+/// validation), and refuses a patch under `fieldValidation=Strict`, which
+/// then changes nothing. A misspelt field the agent wrote would be lost on a
+/// real cluster; here too.
+#[tokio::test]
+async fn unknown_fields_are_pruned_or_refused() {
+    unknown_fields_are_pruned_or_refused_on(&Target::fake().await).await;
+}
+
+async fn unknown_fields_are_pruned_or_refused_on(t: &Target) {
+    use kube::api::{ApiResource, DynamicObject};
+    let resource = ApiResource {
+        group: "apps.kruise.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "apps.kruise.io/v1alpha1".into(),
+        kind: "ContainerRecreateRequest".into(),
+        plural: "containerrecreaterequests".into(),
+    };
+    let api = Api::<DynamicObject>::namespaced_with(t.client.clone(), &t.ns, &resource);
+    let written: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "apps.kruise.io/v1alpha1", "kind": "ContainerRecreateRequest",
+        "metadata": {"name": "pruned"},
+        "spec": {"podName": "web-0", "podNmae": "typo",
+                 "containers": [{"name": "app", "preStopp": {"exec": {}}}],
+                 "strategy": {"forceRecreate": true, "forceRecreat": false}},
+        "extra": 1}))
+    .unwrap();
+    api.create(&PostParams::default(), &written).await.unwrap();
+    let status = json!({"status": {"phase": "Recreating", "phsae": "x",
+        "containerRecreateStates": [{"name": "app", "phase": "Pending", "isKiled": true}]}});
+    api.patch_status("pruned", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    let read = api.get("pruned").await.unwrap();
+    assert_eq!(read.data["spec"]["podName"], "web-0");
+    assert_eq!(read.data["spec"]["containers"], json!([{"name": "app"}]));
+    assert_eq!(read.data["spec"]["strategy"]["forceRecreate"], true);
+    assert_eq!(read.data["status"]["phase"], "Recreating");
+    let state = &read.data["status"]["containerRecreateStates"][0];
+    assert_eq!(state["phase"], "Pending");
+    for (at, field) in [
+        (&read.data, "extra"),
+        (&read.data["spec"], "podNmae"),
+        (&read.data["spec"]["strategy"], "forceRecreat"),
+        (&read.data["status"], "phsae"),
+        (state, "isKiled"),
+    ] {
+        assert!(at.get(field).is_none(), "{field} was kept: {}", read.data);
+    }
+    let strict = PatchParams::default().validation_strict();
+    let typo = json!({"spec": {"activeDeadlineSecond": 5}});
+    match api.patch("pruned", &strict, &Patch::Merge(&typo)).await {
+        Err(kube::Error::Api(status)) => {
+            // A patch that does not decode is an invalid patch.
+            assert_eq!(status.code, 422, "{status:?}");
+            assert!(
+                status
+                    .message
+                    .contains("unknown field \"spec.activeDeadlineSecond\""),
+                "{status:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let after = api.get("pruned").await.unwrap();
+    assert_eq!(
+        after.metadata.resource_version,
+        read.metadata.resource_version
+    );
+    // A create under Strict: refused whole, as a body that does not decode.
+    let body = json!({"apiVersion": "apps.kruise.io/v1alpha1", "kind": "ContainerRecreateRequest",
+        "metadata": {"name": "strict"},
+        "spec": {"podName": "web-0", "podNmae": "typo", "containers": [{"name": "app"}]}});
+    let create = http::Request::post(format!(
+        "/apis/apps.kruise.io/v1alpha1/namespaces/{}/containerrecreaterequests?fieldValidation=Strict",
+        t.ns
+    ))
+    .header("content-type", "application/json")
+    .body(serde_json::to_vec(&body).unwrap())
+    .unwrap();
+    match t.client.request::<DynamicObject>(create).await {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 400, "{status:?}");
+            assert!(
+                status.message.contains("unknown field \"spec.podNmae\""),
+                "{status:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(api.get_opt("strict").await.unwrap().is_none());
 }

@@ -1116,47 +1116,150 @@ fn k3s_and_rke2_nodes_are_refused_before_anything_changes() {
     }
 }
 
-/// EKS AL2023's nodeadm writes --container-runtime-endpoint into
-/// kubelet.service's ExecStart, where it wins over every file install.sh
-/// edits: kubelet is left as it is, with the way out named, and
-/// `--kubelet-only` fails. crr-proxy still forwards to that endpoint.
+/// A runtime flag on kubelet's own command line, as EKS AL2023's nodeadm
+/// writes it on kubelet.service's ExecStart, or as a drop-in of a kubelet
+/// unit under another name (`--kubelet-unit`) gives it: it wins over every
+/// file install.sh edits, so kubelet is left as it is, with the way out
+/// named, and `--kubelet-only` fails. crr-proxy still forwards to that
+/// endpoint.
 #[test]
 fn a_runtime_flag_in_kubelets_unit_is_never_overridden_by_a_file() {
-    const UNIT: &str = "etc/systemd/system/kubelet.service";
     const CONFIG: &str = "/etc/kubernetes/kubelet/config.json";
     let unit = "[Service]\nEnvironmentFile=/etc/eks/kubelet/environment\n\
                 ExecStart=/usr/bin/kubelet \\\n    --config /etc/kubernetes/kubelet/config.json \\\n    \
                 --container-runtime-endpoint unix:///run/eks/containerd.sock \\\n    $NODEADM_KUBELET_ARGS\n";
+    let plain =
+        "[Service]\nExecStart=/opt/bin/kubelet --config /etc/kubernetes/kubelet/config.json\n";
+    let dropin = "[Service]\nExecStart=\nExecStart=/opt/bin/kubelet --config /etc/kubernetes/kubelet/config.json \
+                  --container-runtime-endpoint=unix:///run/eks/containerd.sock\n";
     let json = "{\"kind\": \"KubeletConfiguration\", \"maxPods\": 29}\n";
+    // Each: its name, kubelet's unit files, install.sh's arguments, and
+    // the file the refusal names.
+    type Layout<'a> = (&'a str, Vec<(&'a str, &'a str)>, &'a [&'a str], &'a str);
+    let layouts: [Layout<'_>; 2] = [
+        (
+            "install-nodeadm",
+            vec![("etc/systemd/system/kubelet.service", unit)],
+            &[],
+            "/etc/systemd/system/kubelet.service sets",
+        ),
+        (
+            "install-unit-name",
+            vec![
+                ("usr/lib/systemd/system/node-kubelet.service", plain),
+                (
+                    "etc/systemd/system/node-kubelet.service.d/20-runtime.conf",
+                    dropin,
+                ),
+            ],
+            &["--kubelet-unit", "node-kubelet.service"],
+            "/etc/systemd/system/node-kubelet.service.d/20-runtime.conf sets",
+        ),
+    ];
+    for (name, mut files, args, said_by) in layouts {
+        files.push((CONFIG.trim_start_matches('/'), json));
+        let (socket, root) = node_with(name, &files);
+        let kubelet_before = kubelet_files(&root);
+        let mut all = vec!["--kubelet-config", CONFIG];
+        all.extend(args);
+        let said = install(&root, &all);
+        assert!(
+            said.contains(&format!("{said_by} kubelet's --container-runtime-endpoint")),
+            "{name}: {said}"
+        );
+        assert_eq!(
+            kubelet_files(&root),
+            kubelet_before,
+            "{name}: kubelet's files were edited"
+        );
+        assert_eq!(
+            setting(&root, "CRR_PROXY_RUNTIME_ENDPOINT").as_deref(),
+            Some("unix:///run/eks/containerd.sock"),
+            "{name}"
+        );
+        let out = install_sh(&root)
+            .arg("--kubelet-only")
+            .args(&all)
+            .output()
+            .unwrap();
+        assert!(
+            !out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(kubelet_files(&root), kubelet_before, "{name}");
+        support::remove_socket_dir(&socket);
+    }
+}
+
+/// Where /usr is read-only (Flatcar), the binary goes to /opt/bin and the
+/// installed unit runs it from there; a re-run keeps it there and the
+/// uninstall removes it. On a writable /usr, /usr/local/bin as before.
+#[test]
+fn a_read_only_usr_gets_the_binary_in_opt_bin() {
     let (socket, root) = node_with(
-        "install-nodeadm",
-        &[(UNIT, unit), (CONFIG.trim_start_matches('/'), json)],
+        "install-flatcar",
+        &[
+            (KUBELET, "kind: KubeletConfiguration\n"),
+            ("usr/local/bin/.keep", ""),
+        ],
     );
-    let kubelet_before = kubelet_files(&root);
-    let said = install(&root, &["--kubelet-config", CONFIG]);
+    // install.sh with $root/usr mounted read-only, in a mount namespace of
+    // its own.
+    let read_only = |args: &[&str]| {
+        let usr = root.join("usr");
+        let out = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "bash", "-c"])
+            .arg(
+                "set -e; mount --bind \"$1\" \"$1\"; mount -o remount,bind,ro \"$1\"; \
+                 if touch \"$1/local/bin/probe\" 2>/dev/null; then echo \"$1 is writable\" >&2; exit 9; fi; \
+                 shift; exec bash \"$@\"",
+            )
+            .arg("sh")
+            .arg(&usr)
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/install.sh"))
+            .args(["--binary", env!("CARGO_BIN_EXE_crr-proxy")])
+            .args(args)
+            .env("DESTDIR", &root)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "install.sh {args:?}: {said}");
+        said
+    };
+    let unit = || read(&root, "etc/systemd/system/crr-proxy.service");
+    let said = read_only(&[]);
     assert!(
-        said.contains("kubelet.service sets kubelet's --container-runtime-endpoint"),
+        said.contains("installed crr-proxy as /opt/bin/crr-proxy"),
         "{said}"
     );
-    assert_eq!(
-        kubelet_files(&root),
-        kubelet_before,
-        "kubelet's files were edited"
-    );
-    assert_eq!(
-        setting(&root, "CRR_PROXY_RUNTIME_ENDPOINT").as_deref(),
-        Some("unix:///run/eks/containerd.sock")
-    );
-    let out = install_sh(&root)
-        .args(["--kubelet-only", "--kubelet-config", CONFIG])
-        .output()
-        .unwrap();
+    assert!(root.join("opt/bin/crr-proxy").is_file());
+    assert!(!root.join("usr/local/bin/crr-proxy").exists());
     assert!(
-        !out.status.success(),
+        unit().contains("\nExecStart=/opt/bin/crr-proxy run\n"),
         "{}",
-        String::from_utf8_lossy(&out.stderr)
+        unit()
     );
-    assert_eq!(kubelet_files(&root), kubelet_before);
+    let once = snapshot(&root);
+    read_only(&[]);
+    assert_eq!(snapshot(&root), once, "a second run changed the node");
+    read_only(&["--uninstall"]);
+    assert!(!root.join("opt/bin/crr-proxy").exists());
+    assert!(!root.join("etc/systemd/system/crr-proxy.service").exists());
+
+    // Writable: /usr/local/bin, the unit as shipped.
+    install(&root, &[]);
+    assert!(root.join("usr/local/bin/crr-proxy").is_file());
+    assert!(!root.join("opt/bin/crr-proxy").exists());
+    assert_eq!(
+        unit(),
+        std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/systemd/crr-proxy.service"
+        ))
+        .unwrap()
+    );
     support::remove_socket_dir(&socket);
 }
 

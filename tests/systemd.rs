@@ -566,7 +566,8 @@ async fn the_release_installs_and_runs_under_a_real_systemd() {
     drop(machine);
 }
 
-/// kubelet's runtime, as a CRI-O node's kubeadm flags name it: the
+/// kubelet's runtime, as a CRI-O node's kubeadm flags name it, with
+/// kubelet in a unit of another name (found from its running process): the
 /// tarball's install.sh carries it into crr-proxy's settings and points
 /// kubelet at crr-proxy only once crr-proxy answers for that runtime. The
 /// docs' bypass (`scripts/install.sh --bypass`) points kubelet straight
@@ -595,26 +596,36 @@ async fn the_switch_carries_kubelets_runtime_and_the_bypass_keeps_crr_proxy() {
         released("systemd-carry", RUNTIME.trim_start_matches("unix://")).await;
     // kubelet's stand-in notes, each time it starts, whether crr-proxy's
     // socket is there.
+    // Its unit is named otherwise and its binary is in /opt/bin (as on
+    // Flatcar): install.sh finds the unit from the running process.
     let unit = "[Service]\nExecStartPre=/bin/sh -c 'systemctl is-active crr-proxy.socket >>/run/kubelet-saw || true'\n\
-                ExecStart=/bin/sleep infinity\n\n[Install]\nWantedBy=multi-user.target\n";
+                ExecStart=/opt/bin/kubelet infinity\n\n[Install]\nWantedBy=multi-user.target\n";
     let config = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: systemd\n";
     let absent = "KUBELET_KUBEADM_ARGS=\"--container-runtime-endpoint=unix:///run/crio/crio.sock --node-ip=10.0.0.5\"\n";
     let flags = absent.replace("unix:///run/crio/crio.sock", RUNTIME);
     for (path, content) in [
         ("/var/lib/kubelet/config.yaml", config),
         (FLAGS, absent),
-        ("/etc/systemd/system/kubelet.service", unit),
+        ("/etc/systemd/system/node-kubelet.service", unit),
     ] {
         let path = machine.merged().join(path.trim_start_matches('/'));
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(path, content).unwrap();
     }
-    machine.ok("systemctl daemon-reload && systemctl enable --now kubelet.service");
+    machine.ok(
+        "mkdir -p /opt/bin && ln -sf /bin/sleep /opt/bin/kubelet && \
+         systemctl daemon-reload && systemctl enable --now node-kubelet.service",
+    );
     let tarball = format!("crr-proxy-{VERSION}-linux-{arch}");
     machine.ok(&format!("cd /opt && tar xzf /dist/{tarball}.tar.gz"));
     let install =
         |args: &str| machine.sh(&format!("cd /opt/{tarball} && scripts/install.sh {args}"));
-    let started = || machine.show("kubelet.service", "ExecMainStartTimestampMonotonic");
+    let started = || machine.show("node-kubelet.service", "ExecMainStartTimestampMonotonic");
+    // Though the units' Before= does not name it, kubelet's unit starts
+    // after crr-proxy's socket listens: sockets.target comes before
+    // basic.target.
+    let after = machine.show("node-kubelet.service", "After");
+    assert!(after.contains("basic.target"), "{after}");
 
     // kubelet's runtime does not answer: kubelet is left as it is.
     let kubelet_started = started();
@@ -657,6 +668,8 @@ async fn the_switch_carries_kubelets_runtime_and_the_bypass_keeps_crr_proxy() {
     );
     assert_ne!(started(), kubelet_started);
     version(&socket).await.unwrap();
+    let before = machine.show("crr-proxy.socket", "Before");
+    assert!(before.contains("sockets.target"), "{before}");
 
     // The bypass, with crr-proxy wedged: kubelet back on its runtime,
     // crr-proxy kept as it is.

@@ -1,7 +1,8 @@
 # kubelet's runtime and image endpoints, switched to crr-proxy's socket where
 # they survive `kubeadm upgrade`, and put back as they were. Sourced by
 # install.sh, which sets: root (DESTDIR or empty), socket, conf_dir,
-# kubelet_config (the KubeletConfiguration file, relative to root).
+# kubelet_config (the KubeletConfiguration file, relative to root),
+# kubelet_unit (kubelet's systemd unit).
 #
 # kubelet takes each endpoint from, last wins: its --config file, then the
 # drop-ins of its --config-dir (*.conf, in lexical order), then its flags
@@ -171,15 +172,15 @@ block_yaml() {
   [[ ! $first =~ ^[[:space:]]*[\{\[] ]]
 }
 
-# kubelet's unit files: kubelet.service and its drop-ins, wherever systemd
+# kubelet's unit files: its unit and the unit's drop-ins, wherever systemd
 # reads them. Some layouts write kubelet's flags into the unit itself
 # (EKS AL2023's nodeadm: --container-runtime-endpoint on ExecStart).
 unit_files() {
   local dir
   for dir in /etc/systemd/system /usr/lib/systemd/system /lib/systemd/system; do
-    [[ ! -f $root$dir/kubelet.service ]] || printf '%s\n' "$root$dir/kubelet.service"
-    [[ ! -d $root$dir/kubelet.service.d ]] ||
-      find "$root$dir/kubelet.service.d" -maxdepth 1 -name '*.conf' -type f | LC_ALL=C sort
+    [[ ! -f $root$dir/$kubelet_unit ]] || printf '%s\n' "$root$dir/$kubelet_unit"
+    [[ ! -d $root$dir/$kubelet_unit.d ]] ||
+      find "$root$dir/$kubelet_unit.d" -maxdepth 1 -name '*.conf' -type f | LC_ALL=C sort
   done
 }
 

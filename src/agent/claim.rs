@@ -10,8 +10,9 @@
 //! the Lease. The node the CRR is claimed for accepts it (the rest of the
 //! webhook's checks, which need its runtime) as before.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -41,6 +42,42 @@ use crate::telemetry::Chain;
 const CONCURRENCY: usize = 16;
 
 type Key = ObjectRef<ContainerRecreateRequest>;
+
+/// The CRRs the API server refused a write to as invalid (422), by uid,
+/// with the resourceVersion refused. Every write to such a CRR is refused
+/// alike until it changes, so a relist judges it again only once it has:
+/// one write and one Event per version, not one per relist.
+#[derive(Default)]
+struct Unwritable(Mutex<HashMap<String, String>>);
+
+impl Unwritable {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, String>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn holds(&self, crr: &ContainerRecreateRequest) -> bool {
+        let (uid, version) = stamp(crr);
+        self.lock().get(&uid) == Some(&version)
+    }
+
+    fn note(&self, crr: &ContainerRecreateRequest) {
+        let (uid, version) = stamp(crr);
+        self.lock().insert(uid, version);
+    }
+
+    fn forget(&self, crr: &ContainerRecreateRequest) {
+        self.lock().remove(&stamp(crr).0);
+    }
+}
+
+fn stamp(crr: &ContainerRecreateRequest) -> (String, String) {
+    (
+        crr.uid().unwrap_or_default(),
+        crr.resource_version().unwrap_or_default(),
+    )
+}
 
 pub(crate) struct Claimer {
     pub(crate) client: kube::Client,
@@ -83,6 +120,7 @@ impl Claimer {
             .reflect(writer)
             .boxed();
         let queue: Queue<Key> = Queue::default();
+        let unwritable = Unwritable::default();
         // The claims awaiting their node's answer, by when it is due; a new
         // holder takes up those of its predecessor.
         let answers: Queue<Key> = Queue::default();
@@ -120,7 +158,10 @@ impl Claimer {
                             queue.add(key);
                         }
                     }
-                    Ok(watcher::Event::Delete(_)) => backoff.reset(),
+                    Ok(watcher::Event::Delete(crr)) => {
+                        backoff.reset();
+                        unwritable.forget(&crr);
+                    }
                     Err(error) => {
                         let delay = backoff.after(&error);
                         warn!(%error, ?delay, "watch of new CRRs failed; retrying");
@@ -129,10 +170,10 @@ impl Claimer {
                 }
             }
         };
-        let (store, answers) = (&store, &answers);
+        let (store, answers, unwritable) = (&store, &answers, &unwritable);
         let work = self.drain(&queue, "place a new CRR", |key| async move {
             match store.get(&key) {
-                Some(crr) => self.judge(&crr, answers).await,
+                Some(crr) => self.judge(&crr, answers, unwritable).await,
                 None => Ok(Next::Done),
             }
         });
@@ -233,9 +274,14 @@ impl Claimer {
         &self,
         crr: &ContainerRecreateRequest,
         answers: &Queue<Key>,
+        unwritable: &Unwritable,
     ) -> Result<Next, AgentError> {
         if crr.is_finished() {
             return self.expire(crr).await;
+        }
+        if unwritable.holds(crr) {
+            debug!(crr = %crr.name_any(), "refused as invalid before, and unchanged since");
+            return Ok(Next::Done);
         }
         let namespace = crr.namespace().unwrap_or_default();
         // No name, no Pod to read (the spec's own check says so first).
@@ -286,8 +332,10 @@ impl Claimer {
             // The stored object is invalid in this version's schema (stored
             // under an older, laxer CRD, on an API server without validation
             // ratcheting): every write to it is refused alike, so none is
-            // tried again. The CRR says why in an Event.
+            // tried again, nor after a relist until it changes. The CRR
+            // says why in an Event.
             Err(kube::Error::Api(status)) if status.code == 422 => {
+                unwritable.note(crr);
                 let why = refusal.unwrap_or_else(|| "its node cannot be told".into());
                 let note = format!(
                     "not placed: {why}; the API server refuses every write to this ContainerRecreateRequest: {}",

@@ -133,8 +133,26 @@ pub(super) async fn standalone_v1beta1_invalid_crrs_are_refused_at_create_or_end
     };
     let made = writes_to("old-");
     assert_eq!(made, bad.len(), "one write each");
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    assert_eq!(writes_to("old-"), made, "none written again");
+    // None is tried again: meanwhile the claimer takes a valid CRR through
+    // to its end, and at least 2 s pass, in which a key that had failed
+    // would have been retried twice (the agent's queue retries after
+    // 500 ms, then 1 s).
+    let quiet = tokio::time::Instant::now() + Duration::from_secs(2);
+    cluster.create("valid", "victim", &["app"], Value::Null, json!({}));
+    cluster.completed("valid", Duration::from_secs(30)).await;
+    tokio::time::sleep_until(quiet).await;
+    assert_eq!(
+        writes_to("old-"),
+        made,
+        "none written again: {:?}",
+        cluster
+            .api
+            .writes()
+            .iter()
+            .filter(|w| w.path.contains("/old-"))
+            .map(|w| format!("{} {} {:?} {}", w.method, w.path, w.code, w.body))
+            .collect::<Vec<_>>()
+    );
 
     // With ratcheting (Kubernetes 1.30 and later) they end as the webhook says.
     cluster.api.set_ratcheting(true);
@@ -263,9 +281,25 @@ pub(super) async fn an_openkruise_upgrade_moves_the_agent_to_v1beta1() {
         .set_crr_versions(CrrVersions::Both(Conversion::Webhook));
     cluster._manager = None;
     cluster._manager = Some(KruiseManager::start(&cluster.api));
+    // The agent watches its node's CRRs (the manager role, all of them).
+    let agents = || {
+        cluster
+            .api
+            .crr_watches("v1beta1", "crr.apps.kruise.io/node-name")
+    };
+    let watched = agents();
     cluster.api.compact();
-    // The relist and the discovery after it take milliseconds.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The relist finds v1beta1 served, and the agent watches through it.
+    assert!(
+        wait_for(Duration::from_secs(10), || (agents() > watched)
+            .then_some(()))
+        .await
+        .is_some(),
+        "the agent never watched its CRRs through v1beta1 (through v1alpha1: {})",
+        cluster
+            .api
+            .crr_watches("v1alpha1", "crr.apps.kruise.io/node-name")
+    );
     let spec = json!({"podName": "upgraded", "containers": [{"name": "app"}],
                       "strategy": {"unreadyGracePeriodSeconds": 1}});
     create_as(&cluster, ApiVersion::V1beta1, "crr-upgraded", spec).await;

@@ -25,6 +25,44 @@ fn the_real_kruise_webhook_admits_and_crr_proxy_recreates() {
         .unwrap();
     let pod = wait_pod_ready(&mut cluster, "shop", "web-0").unwrap();
 
+    // The fake API server prunes CRRs by crr-proxy's CRD, less what
+    // kruise's lacks on a v1alpha1-only cluster
+    // (tests/support/apiserver/pruning.rs): it declares every field kruise's
+    // does, in each version, and those few besides.
+    let theirs = cluster
+        .get(&["crd", "containerrecreaterequests.apps.kruise.io"])
+        .unwrap();
+    let ours = serde_json::to_value(crr_proxy::crr::crd().unwrap()).unwrap();
+    for version in ["v1alpha1", "v1beta1"] {
+        let fields = |crd: &Value| {
+            let schema = crd["spec"]["versions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|v| v["name"] == version)
+                .map(|v| v["schema"]["openAPIV3Schema"].clone())
+                .unwrap_or_else(|| panic!("no {version} in {crd}"));
+            let mut fields = std::collections::BTreeSet::new();
+            declared(&schema, "", &mut fields);
+            fields
+        };
+        let (ours, theirs) = (fields(&ours), fields(&theirs));
+        let lacks: std::collections::BTreeSet<String> = ours.difference(&theirs).cloned().collect();
+        let beyond: Vec<&String> = theirs.difference(&ours).collect();
+        assert!(
+            beyond.is_empty(),
+            "{version}: kruise declares {beyond:?} besides"
+        );
+        assert_eq!(
+            lacks,
+            support::apiserver::KRUISE_V1_9_LACKS
+                .iter()
+                .map(|f| f.to_string())
+                .collect(),
+            "{version}"
+        );
+    }
+
     // What the webhook refuses, with crr-proxy's own admission's words.
     let (model_pod, model_containers) = support::pods::running_web_pod("shop");
     for (name, containers) in [
@@ -58,6 +96,24 @@ fn the_real_kruise_webhook_admits_and_crr_proxy_recreates() {
         labels["crr.apps.kruise.io/pod-uid"], pod["metadata"]["uid"],
         "{done:#}"
     );
+}
+
+/// Every field path `schema` declares under `at` (apiVersion, kind and
+/// metadata aside: kube-apiserver keeps those whatever the schema says).
+fn declared(schema: &Value, at: &str, fields: &mut std::collections::BTreeSet<String>) {
+    if let Some(properties) = schema["properties"].as_object() {
+        for (name, field) in properties {
+            if at.is_empty() && matches!(name.as_str(), "apiVersion" | "kind" | "metadata") {
+                continue;
+            }
+            let path = format!("{at}.{name}");
+            fields.insert(path.clone());
+            declared(field, &path, fields);
+        }
+    }
+    if schema["items"].is_object() {
+        declared(&schema["items"], &format!("{at}[]"), fields);
+    }
 }
 
 /// Real parts: kube-apiserver's Node authorizer and NodeRestriction judging

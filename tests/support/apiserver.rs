@@ -35,6 +35,7 @@ mod authz;
 mod discovery;
 mod faults;
 mod handler;
+mod pruning;
 mod watching;
 use super::policy::{self, Attributes, Policy, UserInfo};
 use super::reads::{self, Read};
@@ -51,6 +52,24 @@ pub const BASE_POLICIES: &str = concat!(
     include_str!("../../deploy/base/node-policy.yaml")
 );
 use authz::Access;
+/// How a write's request sees CRRs: the version it names, and what it asks
+/// for unknown fields.
+#[derive(Clone, Copy, Debug)]
+struct Through {
+    view: View,
+    validation: FieldValidation,
+}
+
+impl Through {
+    /// The tests' own writes: in the storage version, unknown fields dropped.
+    const STORED: Through = Through {
+        view: View::Stored,
+        validation: FieldValidation::Drop,
+    };
+}
+
+#[allow(unused_imports)] // KRUISE_V1_9_LACKS: for tests/real only
+pub use pruning::{FieldValidation, KRUISE_V1_9_LACKS};
 
 const HISTORY: usize = 10_000;
 
@@ -420,6 +439,9 @@ struct Inner {
     requests: Mutex<BTreeMap<String, u64>>,
     /// The User-Agent headers requests came with.
     user_agents: Mutex<std::collections::BTreeSet<String>>,
+    /// Watches of CRRs opened so far: the apiVersion each watches through,
+    /// and its label selector.
+    crr_watches: Mutex<Vec<(String, String)>>,
     /// Which CRR versions are served, and how they convert.
     crr_versions: Mutex<CrrVersions>,
     /// CRDValidationRatcheting (beta 1.30, GA 1.33): an update may keep an
@@ -537,6 +559,7 @@ impl FakeApiServer {
             delivered: Arc::default(),
             requests: Mutex::default(),
             user_agents: Mutex::default(),
+            crr_watches: Mutex::default(),
             watches: Mutex::new(Watches::default()),
             writes: Mutex::new(Vec::new()),
             expired: Arc::default(),
@@ -749,6 +772,16 @@ impl FakeApiServer {
         lock(&self.inner.user_agents).clone()
     }
 
+    /// How many watches of CRRs through `version` (`v1alpha1`, `v1beta1`)
+    /// whose label selector contains `selecting` have been opened so far.
+    pub fn crr_watches(&self, version: &str, selecting: &str) -> usize {
+        let api_version = format!("apps.kruise.io/{version}");
+        lock(&self.inner.crr_watches)
+            .iter()
+            .filter(|(v, selector)| *v == api_version && selector.contains(selecting))
+            .count()
+    }
+
     /// How many watches ended with `410 Expired` so far.
     pub fn watches_expired(&self) -> usize {
         self.inner
@@ -893,18 +926,19 @@ impl FakeApiServer {
         obj: Value,
         status: bool,
     ) -> Result<Value, ApiError> {
-        self.update_as(View::Stored, resource, namespace, name, obj, status)
+        self.update_as(Through::STORED, resource, namespace, name, obj, status)
     }
 
     fn update_as(
         &self,
-        view: View,
+        request: Through,
         resource: Resource,
         namespace: &str,
         name: &str,
         obj: Value,
         status: bool,
     ) -> Result<Value, ApiError> {
+        let Through { view, validation } = request;
         self.modify(resource, namespace, name, status, |stored| {
             let current = &view.present(stored);
             let requested = resource_version(&obj);
@@ -944,7 +978,14 @@ impl FakeApiServer {
                 }
             }
             // Judged by the schema of the version it names.
-            self.validate_crr(resource, view, &next, Some(current))?;
+            self.admit_crr(
+                resource,
+                view,
+                &mut next,
+                Some(current),
+                validation,
+                pruning::Write::Object,
+            )?;
             Ok((view.store(&next), requested.to_owned()))
         })
     }
@@ -959,18 +1000,19 @@ impl FakeApiServer {
         status: bool,
     ) -> Result<Value, ApiError> {
         let patch = Patch::Merge(patch.clone());
-        self.patch_as(View::Stored, resource, namespace, name, &patch, status)
+        self.patch_as(Through::STORED, resource, namespace, name, &patch, status)
     }
 
     fn patch_as(
         &self,
-        view: View,
+        request: Through,
         resource: Resource,
         namespace: &str,
         name: &str,
         patch: &Patch,
         status: bool,
     ) -> Result<Value, ApiError> {
+        let Through { view, validation } = request;
         self.modify(resource, namespace, name, status, |stored| {
             let current = &view.present(stored);
             let patched = patch.apply(current)?;
@@ -994,7 +1036,14 @@ impl FakeApiServer {
                 }
             }
             // Judged by the schema of the version it names.
-            self.validate_crr(resource, view, &next, Some(current))?;
+            self.admit_crr(
+                resource,
+                view,
+                &mut next,
+                Some(current),
+                validation,
+                pruning::Write::Patch,
+            )?;
             Ok((view.store(&next), requested))
         })
     }

@@ -32,13 +32,29 @@ impl FakeApiServer {
         }
     }
 
-    pub(super) fn validate_crr(
+    /// The CRD's part in a CRR write: the fields its schema lacks pruned
+    /// (or, under Strict, the write refused), then its checks.
+    pub(super) fn admit_crr(
         &self,
         resource: Resource,
         view: View,
-        next: &Value,
+        next: &mut Value,
         old: Option<&Value>,
+        validation: FieldValidation,
+        write: pruning::Write,
     ) -> Result<(), ApiError> {
+        if resource != Resource::Crr {
+            return Ok(());
+        }
+        let version = match view {
+            View::Stored => self.crr_versions().storage(),
+            View::Alpha(_) => "v1alpha1",
+        };
+        let crd = match self.crr_versions() {
+            CrrVersions::V1alpha1Only => pruning::Crd::KruiseV1_9,
+            CrrVersions::Both(_) => pruning::Crd::Ours,
+        };
+        pruning::prune_crr(next, crd, version, validation, write)?;
         let Some(checks) = self.crr_checks(resource, view) else {
             return Ok(());
         };

@@ -216,6 +216,12 @@ impl FakeApiServer {
             View::Alpha(_) => "apps.kruise.io/v1alpha1".to_owned(),
             View::Stored => self.stored_api_version(resource),
         };
+        if resource == Resource::Crr && is_watch(&query) {
+            let selector = query.get("labelSelector").cloned().unwrap_or_default();
+            lock(&self.inner.crr_watches).push((view_version.clone(), selector));
+        }
+        let validation =
+            FieldValidation::from_query(query.get("fieldValidation").map(String::as_str));
         let status = match subresource {
             None => false,
             Some("status") if resource.has_status() => true,
@@ -407,8 +413,15 @@ impl FakeApiServer {
                 .ok_or_else(|| ApiError::not_found(resource, name))
                 .and_then(|obj| ok(200, obj)),
             (&Method::POST, None) => {
-                let body = parse()?;
-                self.validate_crr(resource, view, &body, None)?;
+                let mut body = parse()?;
+                self.admit_crr(
+                    resource,
+                    view,
+                    &mut body,
+                    None,
+                    validation,
+                    pruning::Write::Object,
+                )?;
                 let obj = view.store(&body);
                 let hooks = lock(&self.inner.admission).clone();
                 let dry_run = query.get("dryRun").map(String::as_str) == Some("All");
@@ -422,8 +435,15 @@ impl FakeApiServer {
                 if let Some((other, on_status)) = raced.then(|| self.take_race(&body)).flatten() {
                     self.patch(resource, &ns, name, &other, on_status)?;
                 }
-                self.update_as(view, resource, &ns, name, body, status)
-                    .and_then(|obj| ok(200, obj))
+                self.update_as(
+                    Through { view, validation },
+                    resource,
+                    &ns,
+                    name,
+                    body,
+                    status,
+                )
+                .and_then(|obj| ok(200, obj))
             }
             (&Method::PATCH, Some(name)) => {
                 let content_type = parts
@@ -456,8 +476,15 @@ impl FakeApiServer {
                 } else {
                     Patch::Merge(body)
                 };
-                self.patch_as(view, resource, &ns, name, &patch, status)
-                    .and_then(|obj| ok(200, obj))
+                self.patch_as(
+                    Through { view, validation },
+                    resource,
+                    &ns,
+                    name,
+                    &patch,
+                    status,
+                )
+                .and_then(|obj| ok(200, obj))
             }
             (&Method::DELETE, Some(name)) => {
                 let grace = serde_json::from_slice::<Value>(&body)
