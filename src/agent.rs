@@ -65,8 +65,8 @@ use crate::records::Records;
 use crate::telemetry::Chain;
 use context::{Context, INSTANCE_LIMIT, KillRecords, truncated};
 use daemon::Daemon;
-use manager::{Manager, Step};
-use queue::{Next, Queue};
+use manager::Manager;
+use queue::{Next, Queue, Step};
 use watches::{SyncGate, follow};
 
 pub use lease::{LeaseSettings, WallClock};

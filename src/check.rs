@@ -440,29 +440,10 @@ fn crash_loop_backoff(parsed: &serde_json::Value) -> Result<String, Verdict> {
 /// Whole seconds of a Go duration such as `90s`, `1m30s` or `500ms`
 /// (rounded up; `None` for anything else).
 fn go_seconds(text: &str) -> Option<u64> {
-    let mut millis: u64 = 0;
-    let mut rest = text.trim();
-    if rest.is_empty() {
-        return None;
-    }
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit() && c != '.')?;
-        let value: f64 = rest[..digits].parse().ok()?;
-        rest = &rest[digits..];
-        let unit = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let scale = match &rest[..unit] {
-            "h" => 3_600_000.0,
-            "m" => 60_000.0,
-            "s" => 1_000.0,
-            "ms" => 1.0,
-            _ => return None,
-        };
-        millis = millis.checked_add((value * scale) as u64)?;
-        rest = &rest[unit..];
-    }
-    Some(millis.div_ceil(1000))
+    use k8s_openapi::jiff::fmt::friendly::SpanParser;
+    static PARSER: SpanParser = SpanParser::new();
+    let duration = PARSER.parse_unsigned_duration(text.trim()).ok()?;
+    Some(duration.as_secs() + u64::from(duration.subsec_nanos() > 0))
 }
 
 /// The verbs each agent mode needs, as in deploy/*/rbac.yaml.

@@ -2,8 +2,8 @@
 //! runtime, and a node agent for OpenKruise's ContainerRecreateRequest.
 //!
 //! - [`proxy`]: the raw HTTP/2 passthrough on a unix socket.
-//! - [`agent`]: the CRR node agent (`--agent kruise`).
-//! - [`admin`]: `/healthz` and `/readyz`.
+//! - [`agent`]: the CRR node agent (`--agent kruise` or `standalone`).
+//! - [`admin`]: `/healthz`, `/readyz` and `/metrics`.
 //! - [`check`]: `crr-proxy check`.
 //! - [`cri`]: crr-proxy's own CRI client, generated from `proto/`.
 //! - [`kill`]: stops a container as kubelet does (preStop, then StopContainer).

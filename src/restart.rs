@@ -118,6 +118,8 @@ pub enum RestartError {
     OtherRun { run: String, target: String },
     #[error("{0}")]
     Usage(&'static str),
+    #[error("the workload's label selector: {0}")]
+    Selector(String),
     #[error("write the output")]
     Output(#[source] std::io::Error),
     #[error("render the object")]

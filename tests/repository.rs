@@ -258,7 +258,7 @@ fn module_uses() -> BTreeMap<String, Vec<String>> {
             let path = entry.unwrap().path();
             if path.is_dir() {
                 dirs.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
+            } else if path.extension().is_some_and(|e| e == "rs") && !is_tests(&path) {
                 files.push(path);
             }
         }
@@ -312,6 +312,12 @@ fn module_uses() -> BTreeMap<String, Vec<String>> {
         used.dedup();
     }
     uses
+}
+
+/// A module's unit tests kept beside it (`relay/tests.rs`): test code, as
+/// an inline `#[cfg(test)]` module is.
+fn is_tests(path: &Path) -> bool {
+    path.file_name().is_some_and(|n| n == "tests.rs")
 }
 
 /// The identifier `text` begins with.
@@ -377,5 +383,144 @@ fn the_modules_use_each_other_without_a_cycle_and_only_the_edges_use_the_command
     assert_eq!(
         a_cycle(&looped),
         Some(vec!["a".into(), "b".into(), "a".into()])
+    );
+}
+
+/// docs/development.md's layout names every file under `src/` (unit tests
+/// kept in a `tests.rs` aside), by its path below `src/` (`agent/claim.rs`),
+/// as a word of the layout's `src/` block.
+#[test]
+fn the_layout_doc_names_every_source_file() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/development.md")).unwrap();
+    let layout = doc
+        .split_once("## Layout of the source")
+        .and_then(|(_, rest)| rest.split_once("\nsrc/ "))
+        .and_then(|(_, rest)| rest.split_once("\nproto/"))
+        .map(|(block, _)| block)
+        .expect("docs/development.md has a layout block from src/ to proto/");
+    let words: std::collections::BTreeSet<&str> = layout
+        .split(|c: char| c.is_whitespace() || matches!(c, ',' | ';' | '(' | ')' | ':'))
+        .filter(|w| !w.is_empty())
+        .collect();
+    let src = root.join("src");
+    let mut files = Vec::new();
+    let mut dirs = vec![src.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") && !is_tests(&path) {
+                files.push(path.strip_prefix(&src).unwrap().display().to_string());
+            }
+        }
+    }
+    files.sort();
+    let unnamed: Vec<&String> = files
+        .iter()
+        .filter(|f| !words.contains(f.as_str()))
+        .collect();
+    assert!(
+        unnamed.is_empty(),
+        "docs/development.md's layout does not name {unnamed:?}"
+    );
+    assert!(files.len() > 60, "{files:?}");
+}
+
+/// Which sibling modules each file of the folder `dir` (below `src/`) uses
+/// through `super::x`, read from the code outside comments and test
+/// modules. A file's siblings are the other files and folders beside it.
+fn sibling_uses(dir: &Path) -> BTreeMap<String, Vec<String>> {
+    let mut siblings = Vec::new();
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_stem().unwrap().to_str().unwrap().to_owned();
+        if path.is_dir() {
+            siblings.push(name);
+        } else if path.extension().is_some_and(|e| e == "rs") && !is_tests(&path) {
+            siblings.push(name);
+            files.push(path);
+        }
+    }
+    let mut uses = BTreeMap::new();
+    for file in files {
+        let me = file.file_stem().unwrap().to_str().unwrap().to_owned();
+        let text = std::fs::read_to_string(&file).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        let code: String = code
+            .lines()
+            .map(|line| line.split("//").next().unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n");
+        let mut names = Vec::new();
+        for (i, _) in code.match_indices("super::") {
+            // `super::super::x` is the parent's sibling, not this folder's.
+            if code[..i].ends_with("super::") {
+                continue;
+            }
+            let rest = &code[i + "super::".len()..];
+            if rest.starts_with("super::") {
+                continue;
+            }
+            let Some(list) = rest.strip_prefix('{') else {
+                names.push(identifier(rest));
+                continue;
+            };
+            let (mut depth, mut start) = (0, true);
+            for (j, c) in list.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => start = true,
+                    c if start && (c.is_alphanumeric() || c == '_') => {
+                        names.push(identifier(&list[j..]));
+                        start = false;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        names.retain(|n| *n != me && siblings.contains(n));
+        names.sort();
+        names.dedup();
+        uses.insert(me, names);
+    }
+    uses
+}
+
+/// One level down: in every folder of `src/` (the agent's parts, the
+/// relay's, the kill engine's...), the files beside each other use each
+/// other without a cycle.
+#[test]
+fn the_modules_of_each_folder_use_each_other_without_a_cycle() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut dirs = vec![src.clone()];
+    let mut seen = BTreeMap::new();
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            }
+        }
+        if dir == src {
+            continue;
+        }
+        let uses = sibling_uses(&dir);
+        let name = dir.strip_prefix(&src).unwrap().display().to_string();
+        assert_eq!(a_cycle(&uses), None, "src/{name}: {uses:#?}");
+        seen.insert(name, uses);
+    }
+    // The reading finds what it should.
+    assert!(
+        seen["agent"]["manager"].contains(&"standalone".to_owned()),
+        "{seen:#?}"
+    );
+    assert!(
+        seen["proxy/relay"]["answers"].contains(&"streams".to_owned()),
+        "{seen:#?}"
     );
 }

@@ -286,10 +286,16 @@ async fn bad_input_gives_a_clear_error_and_creates_nothing() {
             1,
             "--deadline must be at least 3s",
         ),
+        // A duration kubectl would take, but the CRR's field is whole seconds.
         (
             &["web", "-c", "app", "--ttl", "1.5s"],
+            1,
+            "error: --ttl must be whole seconds, got 1.5s",
+        ),
+        (
+            &["web", "-c", "app", "--ttl", "1.5x"],
             2,
-            "invalid value '1.5s' for '--ttl",
+            "invalid value '1.5x' for '--ttl",
         ),
         (&[], 2, "required arguments were not provided"),
         (
@@ -953,7 +959,23 @@ async fn an_interrupted_run_resumes_without_restarting_a_pod_twice() {
 async fn bad_workload_input_gives_a_clear_error_and_creates_nothing() {
     let node = Node::start().await;
     node.deployment("web", 2, slow_ready).await;
+    // A selector operator the API does not know (stored past validation):
+    // refused, never read as something else (it once became `!canary`).
+    node.api
+        .create(
+            Resource::Deployment,
+            "default",
+            json!({"metadata": {"name": "odd"},
+                   "spec": {"replicas": 1, "selector": {"matchExpressions": [
+                       {"key": "canary", "operator": "Gt", "values": ["1"]}]}}}),
+        )
+        .unwrap();
     let cases: &[(&[&str], i32, &str)] = &[
+        (
+            &["deployment/odd", "-c", "app"],
+            1,
+            "error: the workload's label selector: Invalid expression operator",
+        ),
         (
             &["job/backup", "-c", "app"],
             2,

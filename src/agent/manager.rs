@@ -12,7 +12,7 @@ use kube::runtime::reflector::Store;
 use tracing::{debug, warn};
 
 use super::context::Context;
-use super::queue::Next;
+use super::queue::{Next, Step};
 use super::standalone;
 use super::{AgentError, Mode, PodKey};
 use crate::crr::client::CrrClient;
@@ -27,14 +27,6 @@ pub(crate) enum Manager {
     Kruise,
     /// crr-proxy does it, from the stores of its extra watches.
     Standalone(standalone::Parts),
-}
-
-/// How the manager's part of a pass ended.
-pub(crate) enum Step {
-    /// Something was written: its watch event brings the Pod back.
-    Wrote,
-    /// Nothing to write; carry on with the daemon's part, and come back by then.
-    Continue(Next),
 }
 
 impl Manager {

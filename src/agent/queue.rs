@@ -46,6 +46,14 @@ impl Next {
     }
 }
 
+/// How the first part of a pass over a Pod (the manager's) ended.
+pub(crate) enum Step {
+    /// Something was written: its watch event brings the Pod back.
+    Wrote,
+    /// Nothing to write; carry on with the daemon's part, and come back by then.
+    Continue(Next),
+}
+
 impl<K: Clone + Eq + Hash> Default for Queue<K> {
     fn default() -> Self {
         Self {

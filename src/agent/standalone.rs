@@ -31,8 +31,7 @@ use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::context::{self, Completion, Context};
-use super::manager::Step;
-use super::queue::Next;
+use super::queue::{Next, Step};
 use super::watches::{SyncGate, Watched, follow};
 use super::{Agent, AgentError, PodKey};
 use crate::crr::client::{ApiVersion, CrrClient};

@@ -112,22 +112,7 @@ pub struct Layered {
 
 /// RFC 7386 JSON merge patch, as kubelet merges its drop-ins.
 pub fn merge_patch(target: &mut Value, patch: &Value) {
-    let Value::Object(patch) = patch else {
-        *target = patch.clone();
-        return;
-    };
-    if !target.is_object() {
-        *target = Value::Object(serde_json::Map::new());
-    }
-    if let Value::Object(target) = target {
-        for (key, value) in patch {
-            if value.is_null() {
-                target.remove(key);
-            } else {
-                merge_patch(target.entry(key.clone()).or_insert(Value::Null), value);
-            }
-        }
-    }
+    json_patch::merge(target, patch);
 }
 
 /// The endpoints of a configuration `config` whose keys were last set by

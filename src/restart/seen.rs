@@ -201,26 +201,12 @@ pub fn budgets_over<'a>(
         .collect()
 }
 
-/// Whether `selector` selects `labels` (an empty selector selects all, as
-/// a PDB's does in policy/v1).
+/// Whether `selector` selects `labels`, as the API server matches (an
+/// empty selector selects all, as a PDB's does in policy/v1; one the API
+/// server would not have stored selects nothing).
 fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
-    let labels_match = selector
-        .match_labels
-        .iter()
-        .flatten()
-        .all(|(k, v)| labels.get(k) == Some(v));
-    let expressions_match = selector.match_expressions.iter().flatten().all(|e| {
-        let values = e.values.clone().unwrap_or_default();
-        let value = labels.get(&e.key);
-        match e.operator.as_str() {
-            "In" => value.is_some_and(|v| values.contains(v)),
-            "NotIn" => value.is_none_or(|v| !values.contains(v)),
-            "Exists" => value.is_some(),
-            "DoesNotExist" => value.is_none(),
-            _ => false,
-        }
-    });
-    labels_match && expressions_match
+    use kube::core::SelectorExt;
+    kube::core::Selector::try_from(selector.clone()).is_ok_and(|s| s.matches(labels))
 }
 
 #[cfg(test)]

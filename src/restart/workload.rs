@@ -206,7 +206,7 @@ async fn find(at: &Place, kind: Kind, name: &str) -> Result<Workload, RestartErr
         .cloned()
         .and_then(|s| serde_json::from_value(s).ok())
         .unwrap_or_default();
-    let selector = selector_query(&selector);
+    let selector = selector_query(&selector)?;
     let mut owners = HashSet::from([uid.clone()]);
     if kind.owns_through_replica_sets() {
         let sets: Api<ReplicaSet> = Api::namespaced(at.client.clone(), &at.namespace);
@@ -254,25 +254,12 @@ fn selector_uid(selector: &str) -> String {
     format!("selector-{hash:016x}")
 }
 
-/// A LabelSelector as `?labelSelector=` spells it.
-fn selector_query(selector: &LabelSelector) -> String {
-    let mut parts: Vec<String> = selector
-        .match_labels
-        .iter()
-        .flatten()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
-    for expression in selector.match_expressions.iter().flatten() {
-        let values = expression.values.clone().unwrap_or_default().join(",");
-        let key = &expression.key;
-        parts.push(match expression.operator.as_str() {
-            "In" => format!("{key} in ({values})"),
-            "NotIn" => format!("{key} notin ({values})"),
-            "Exists" => key.clone(),
-            _ => format!("!{key}"),
-        });
-    }
-    parts.join(",")
+/// A LabelSelector as `?labelSelector=` spells it (kube's `Selector`); an
+/// operator the API does not know is refused, not guessed at.
+fn selector_query(selector: &LabelSelector) -> Result<String, RestartError> {
+    kube::core::Selector::try_from(selector.clone())
+        .map(|s| s.to_string())
+        .map_err(|error| RestartError::Selector(error.0))
 }
 
 /// The order Pods are restarted in: by name, an ordinal as a number
@@ -829,8 +816,38 @@ mod tests {
 
     #[test]
     fn selectors_become_queries() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
         let selector = super::super::seen::tests::web_tier_not_canary();
-        assert_eq!(selector_query(&selector), "app=web,tier in (a,b),!canary");
+        assert_eq!(
+            selector_query(&selector).unwrap(),
+            "app=web,tier in (a,b),!canary"
+        );
+        let expression = |operator: &str, values: Option<&[&str]>| LabelSelector {
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "k".into(),
+                operator: operator.into(),
+                values: values.map(|v| v.iter().map(|s| s.to_string()).collect()),
+            }]),
+            ..Default::default()
+        };
+        for (operator, values, query) in [
+            ("In", Some(&["b", "a"][..]), "k in (a,b)"),
+            ("NotIn", Some(&["a"][..]), "k notin (a)"),
+            ("Exists", None, "k"),
+            ("DoesNotExist", None, "!k"),
+        ] {
+            assert_eq!(
+                selector_query(&expression(operator, values)).unwrap(),
+                query
+            );
+        }
+        // Once read as `!k`: a selector that matched what it should not.
+        for (operator, values) in [("Gt", Some(&["1"][..])), ("exists", None), ("In", None)] {
+            assert!(
+                selector_query(&expression(operator, values)).is_err(),
+                "{operator} {values:?}"
+            );
+        }
     }
 
     /// A resumed run follows a CRR it did not create: the Pod is Ready and

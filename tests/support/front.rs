@@ -15,8 +15,8 @@ use std::task::{Context as TaskContext, Poll};
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
-use http_body::{Body, Frame};
 use hyper::body::Incoming;
+use hyper::body::{Body, Frame};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
