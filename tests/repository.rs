@@ -246,13 +246,10 @@ fn the_monitoring_docs_name_the_metrics_crr_proxy_exports() {
     assert_eq!(scrape["scrape_configs"][0]["job_name"], "crr-proxy");
 }
 
-/// Which of `src/`'s top-level modules each one uses (`crate::x`), read
-/// from the code outside comments and test modules; `main` and `lib` (the
-/// edges, which may use anything) are left out.
-fn module_uses() -> BTreeMap<String, Vec<String>> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+/// Every `.rs` file under `dir`, unit tests kept in a `tests.rs` aside.
+fn source_files(dir: &Path) -> Vec<PathBuf> {
     let mut files = Vec::new();
-    let mut dirs = vec![src.clone()];
+    let mut dirs = vec![dir.to_owned()];
     while let Some(dir) = dirs.pop() {
         for entry in std::fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();
@@ -263,45 +260,67 @@ fn module_uses() -> BTreeMap<String, Vec<String>> {
             }
         }
     }
+    files.sort();
+    files
+}
+
+/// `file`'s code outside comments and its `#[cfg(test)]` module.
+fn code_of(file: &Path) -> String {
+    let text = std::fs::read_to_string(file).unwrap();
+    let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+    code.lines()
+        .map(|line| line.split("//").next().unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The first name of each path `code` takes through `prefix` (`crate::`,
+/// `super::`): `prefix` `x::...`, and each first name of `prefix`
+/// `{x, y::{z}}`. A `super::` after another is the grandparent's, and not
+/// counted.
+fn names_after(code: &str, prefix: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for (i, _) in code.match_indices(prefix) {
+        let rest = &code[i + prefix.len()..];
+        if code[..i].ends_with("super::") || rest.starts_with("super::") {
+            continue;
+        }
+        let Some(list) = rest.strip_prefix('{') else {
+            names.push(identifier(rest));
+            continue;
+        };
+        let (mut depth, mut start) = (0, true);
+        for (j, c) in list.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' if depth == 0 => break,
+                '}' => depth -= 1,
+                ',' if depth == 0 => start = true,
+                c if start && (c.is_alphanumeric() || c == '_') => {
+                    names.push(identifier(&list[j..]));
+                    start = false;
+                }
+                _ => {}
+            }
+        }
+    }
+    names
+}
+
+/// Which of `src/`'s top-level modules each one uses (`crate::x`), read
+/// from the code outside comments and test modules; `main` and `lib` (the
+/// edges, which may use anything) are left out.
+fn module_uses() -> BTreeMap<String, Vec<String>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut uses: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for file in files {
+    for file in source_files(&src) {
         let relative = file.strip_prefix(&src).unwrap();
         let first = relative.components().next().unwrap();
         let top = first.as_os_str().to_str().unwrap().trim_end_matches(".rs");
         if matches!(top, "main" | "lib" | "fuzzing") {
             continue;
         }
-        let text = std::fs::read_to_string(&file).unwrap();
-        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
-        let code: String = code
-            .lines()
-            .map(|line| line.split("//").next().unwrap_or_default())
-            .collect::<Vec<_>>()
-            .join("\n");
-        let mut names = Vec::new();
-        // `crate::x::...`, and each first name of `use crate::{x, y::{z}}`.
-        for (i, _) in code.match_indices("crate::") {
-            let rest = &code[i + "crate::".len()..];
-            let Some(list) = rest.strip_prefix('{') else {
-                names.push(identifier(rest));
-                continue;
-            };
-            let mut depth = 0;
-            let mut start = true;
-            for (j, c) in list.char_indices() {
-                match c {
-                    '{' => depth += 1,
-                    '}' if depth == 0 => break,
-                    '}' => depth -= 1,
-                    ',' if depth == 0 => start = true,
-                    c if start && (c.is_alphanumeric() || c == '_') => {
-                        names.push(identifier(&list[j..]));
-                        start = false;
-                    }
-                    _ => {}
-                }
-            }
-        }
+        let names = names_after(&code_of(&file), "crate::");
         let entry = uses.entry(top.to_owned()).or_default();
         entry.extend(names.into_iter().filter(|n| n != top && !n.is_empty()));
     }
@@ -404,19 +423,10 @@ fn the_layout_doc_names_every_source_file() {
         .filter(|w| !w.is_empty())
         .collect();
     let src = root.join("src");
-    let mut files = Vec::new();
-    let mut dirs = vec![src.clone()];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") && !is_tests(&path) {
-                files.push(path.strip_prefix(&src).unwrap().display().to_string());
-            }
-        }
-    }
-    files.sort();
+    let files: Vec<String> = source_files(&src)
+        .iter()
+        .map(|f| f.strip_prefix(&src).unwrap().display().to_string())
+        .collect();
     let unnamed: Vec<&String> = files
         .iter()
         .filter(|f| !words.contains(f.as_str()))
@@ -447,42 +457,7 @@ fn sibling_uses(dir: &Path) -> BTreeMap<String, Vec<String>> {
     let mut uses = BTreeMap::new();
     for file in files {
         let me = file.file_stem().unwrap().to_str().unwrap().to_owned();
-        let text = std::fs::read_to_string(&file).unwrap();
-        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
-        let code: String = code
-            .lines()
-            .map(|line| line.split("//").next().unwrap_or_default())
-            .collect::<Vec<_>>()
-            .join("\n");
-        let mut names = Vec::new();
-        for (i, _) in code.match_indices("super::") {
-            // `super::super::x` is the parent's sibling, not this folder's.
-            if code[..i].ends_with("super::") {
-                continue;
-            }
-            let rest = &code[i + "super::".len()..];
-            if rest.starts_with("super::") {
-                continue;
-            }
-            let Some(list) = rest.strip_prefix('{') else {
-                names.push(identifier(rest));
-                continue;
-            };
-            let (mut depth, mut start) = (0, true);
-            for (j, c) in list.char_indices() {
-                match c {
-                    '{' => depth += 1,
-                    '}' if depth == 0 => break,
-                    '}' => depth -= 1,
-                    ',' if depth == 0 => start = true,
-                    c if start && (c.is_alphanumeric() || c == '_') => {
-                        names.push(identifier(&list[j..]));
-                        start = false;
-                    }
-                    _ => {}
-                }
-            }
-        }
+        let mut names = names_after(&code_of(&file), "super::");
         names.retain(|n| *n != me && siblings.contains(n));
         names.sort();
         names.dedup();
