@@ -72,7 +72,56 @@ impl Containerd {
                 image.to_str().context("image path")?,
             ])?;
         }
+        this.wait_for_cri_images(&[images::BUSYBOX_IMAGE, images::PAUSE_IMAGE])?;
         Ok(this)
+    }
+
+    /// Waits until CRI's ImageStatus shows each of `images`. The CRI
+    /// plugin learns of an image imported with `ctr` from an event, a moment
+    /// after the import returns; a sandbox started before that tries to pull
+    /// its pause image from the network (seen once on containerd 2.1).
+    fn wait_for_cri_images(&self, images: &[&str]) -> Result<()> {
+        use super::raw;
+        let socket = self.socket();
+        let images: Vec<String> = images.iter().map(|i| (*i).to_owned()).collect();
+        let check = move || -> Result<()> {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(async {
+                let deadline = Instant::now() + Duration::from_secs(10);
+                for image in &images {
+                    // ImageStatusRequest { image: ImageSpec { image } }; the
+                    // names are shorter than 128 bytes, so each length is
+                    // one byte.
+                    let spec = [&[0x0a, image.len() as u8][..], image.as_bytes()].concat();
+                    let request = [&[0x0a, spec.len() as u8][..], &spec].concat();
+                    loop {
+                        let mut sender = raw::connect(&socket).await?;
+                        let call = raw::grpc_request(
+                            "/runtime.v1.ImageService/ImageStatus",
+                            &[],
+                            raw::grpc_frame(&request),
+                        );
+                        let answer = raw::record(raw::send(&mut sender, call).await?).await?;
+                        // Found: a status of 0 and a response that is not
+                        // empty (the gRPC frame's 5 bytes and more).
+                        if raw::grpc_status(&answer).as_deref() == Some("0") && answer.data.len() > 5 {
+                            break;
+                        }
+                        if Instant::now() > deadline {
+                            bail!("containerd's CRI does not show {image} after its import: {answer:?}");
+                        }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+                Ok(())
+            })
+        };
+        // A thread of its own: the caller may be inside a runtime already.
+        std::thread::spawn(check)
+            .join()
+            .map_err(|_| anyhow::anyhow!("the image check panicked"))?
     }
 
     pub fn socket(&self) -> PathBuf {
