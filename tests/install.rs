@@ -31,17 +31,23 @@ fn snapshot(root: &Path) -> BTreeMap<String, (u32, Vec<u8>)> {
     files
 }
 
+const INSTALL_SH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/install.sh");
+
 /// scripts/install.sh acting on the scratch root `root`.
 fn install_sh(root: &Path) -> Command {
     let mut command = Command::new("bash");
-    command
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/install.sh"))
-        .env("DESTDIR", root);
+    command.arg(INSTALL_SH).env("DESTDIR", root);
     command
 }
 
 fn install(root: &Path, args: &[&str]) -> String {
-    let out = install_sh(root)
+    installed(install_sh(root), args)
+}
+
+/// What `command` (install.sh, however started) said, installing this
+/// build's crr-proxy with `args`; it must succeed.
+fn installed(mut command: Command, args: &[&str]) -> String {
+    let out = command
         .args(["--binary", env!("CARGO_BIN_EXE_crr-proxy")])
         .args(args)
         .output()
@@ -1207,8 +1213,8 @@ fn a_read_only_usr_gets_the_binary_in_opt_bin() {
     // install.sh with $root/usr mounted read-only, in a mount namespace of
     // its own.
     let read_only = |args: &[&str]| {
-        let usr = root.join("usr");
-        let out = Command::new("unshare")
+        let mut command = Command::new("unshare");
+        command
             .args(["--mount", "--propagation", "private", "bash", "-c"])
             .arg(
                 "set -e; mount --bind \"$1\" \"$1\"; mount -o remount,bind,ro \"$1\"; \
@@ -1216,17 +1222,10 @@ fn a_read_only_usr_gets_the_binary_in_opt_bin() {
                  shift; exec bash \"$@\"",
             )
             .arg("sh")
-            .arg(&usr)
-            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/install.sh"))
-            .args(["--binary", env!("CARGO_BIN_EXE_crr-proxy")])
-            .args(args)
-            .env("DESTDIR", &root)
-            .output()
-            .unwrap();
-        let said = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "install.sh {args:?}: {said}");
-        said
+            .arg(root.join("usr"))
+            .arg(INSTALL_SH)
+            .env("DESTDIR", &root);
+        installed(command, args)
     };
     let unit = || read(&root, "etc/systemd/system/crr-proxy.service");
     let said = read_only(&[]);

@@ -85,24 +85,16 @@ pub(super) async fn an_api_server_outage_only_delays_crrs(mode: Setup) {
     let mut cluster = Cluster::without_agent(mode).await;
     cluster.lease.unanswered = Duration::from_secs(20);
     cluster.start_agent().await;
-    cluster.kubelet.run_pod(app_and_sidecar("pod10")).await;
+    let pod = cluster.kubelet.run_pod(app_and_sidecar("pod10")).await;
     // kubelet's path: the proxy that shares its records with this agent.
     // ContainerStatus is the call whose answer the records edit (it reads
     // them on every call); Version passes untouched.
     let mut cri = cluster.proxy.client();
-    let sidecar = cri
-        .list_containers(crr_proxy::cri::v1::ListContainersRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .containers
-        .into_iter()
-        .find(|c| {
-            c.metadata.as_ref().is_some_and(|m| m.name == "sidecar")
-                && c.labels.get("io.kubernetes.pod.name").map(String::as_str) == Some("pod10")
-        })
+    let sidecar = container_status(&pod, "sidecar")["containerID"]
+        .as_str()
+        .and_then(|id| id.strip_prefix("containerd://"))
         .expect("pod10's sidecar")
-        .id;
+        .to_owned();
     let load = tokio::spawn(async move {
         let (mut ok, mut failed, mut slowest) = (0u32, 0u32, Duration::ZERO);
         let until = std::time::Instant::now() + Duration::from_secs(34);

@@ -138,7 +138,8 @@ pub fn prune_crr(
     let Some(schema) = schemas(crd).get(version) else {
         return Ok(());
     };
-    let written = obj.clone();
+    // Only a strict refusal of a patch quotes the object as written.
+    let written = (validation == FieldValidation::Strict).then(|| obj.clone());
     let Some(fields) = obj.as_object_mut() else {
         return Ok(());
     };
@@ -177,7 +178,8 @@ pub fn prune_crr(
             ),
         ),
         Write::Patch => {
-            let quoted = serde_json::to_string(&written.to_string()).unwrap_or_default();
+            let written = written.unwrap_or_default().to_string();
+            let quoted = serde_json::to_string(&written).unwrap_or_default();
             ApiError::new(
                 422,
                 "Invalid",
