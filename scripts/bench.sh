@@ -37,6 +37,7 @@ fi
 CRR_BENCH_PYTHON=$PWD/$venv/bin/python cargo bench --locked --bench latency
 if [[ ${CRR_BENCH_LTS:-1} != 0 ]]; then
   ensure_containerd_go
+  go_caches_drop
   echo "== containerd $("$CRR_TEST_CONTAINERD_LTS/containerd" --version | awk '{ print $3 }')"
   CRR_TEST_CONTAINERD="$CRR_TEST_CONTAINERD_LTS" CRR_BENCH_PYTHON=$PWD/$venv/bin/python \
     cargo bench --locked --bench latency
@@ -44,5 +45,6 @@ fi
 if [[ ${CRR_BENCH_SIDE:-100} != 0 ]]; then
   ensure_kubernetes
   ensure_kruise
+  go_caches_drop
   cargo bench --locked --bench beside_kruise
 fi

@@ -35,6 +35,14 @@ ensure_kubernetes
 ensure_older_kubelet
 ensure_kruise
 ensure_critools
+go_caches_drop
+# Disk is the one resource the suite can run out of without saying so
+# (containers, clusters and the build all write): the free space, before
+# and after, is in CI's log.
+echo "== free disk: $(df -h --output=avail . | tail -1 | tr -d ' ')"
+# One build, never rebuilt in place: incremental state would only add to
+# target (3.9 GB in a clean build).
+export CARGO_INCREMENTAL=0
 
 cargo fmt --check
 cargo clippy --all-targets --locked -- -D warnings
@@ -87,5 +95,6 @@ done
 echo "== kubelet's streaming lists, containerd $("$CRR_TEST_CONTAINERD_NEWEST/containerd" --version | awk '{ print $3 }')"
 CRR_TEST_CONTAINERD="$CRR_TEST_CONTAINERD_NEWEST" cargo test --locked --no-fail-fast --test real streaming:: 2>&1 |
   tee -a "$log" || status=$?
+echo "== free disk: $(df -h --output=avail . | tail -1 | tr -d ' ')"
 awk '/^test result:/ { p += $4; f += $6 } END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
 exit "$status"

@@ -252,4 +252,6 @@ fn the_release_artifacts_install_as_an_operator_installs_them() {
     assert!(version.contains(VERSION), "{version}");
     assert!(node.join("etc/systemd/system/crr-proxy.socket").is_file());
     assert!(kubelet_config(&node).contains(SOCKET));
+    // (A failed run leaves its folder to be read.)
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -11,6 +11,7 @@
 # snapshotter and seccomp, which need C headers (neither is used here).
 
 source "$(dirname "${BASH_SOURCE[0]}")/sid.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/go.sh"
 
 : "${CRR_TEST_CONTAINERD_LTS_VERSION:=v2.3.7}"
 : "${CRR_TEST_CONTAINERD_NEWEST_VERSION:=v2.4.2}"
@@ -34,8 +35,8 @@ _containerd_go_build() (
   mkdir -p "$CRR_TEST_CACHE"
   part="$(mktemp -d "$CRR_TEST_CACHE/.containerd-$version.XXXXXX")"
   trap 'rm -rf "$part"' EXIT
-  command -v go >/dev/null || { echo "$0: Go 1.26 or later is needed to build containerd $version" >&2; exit 1; }
-  export GOFLAGS=-mod=mod GOTOOLCHAIN="${GOTOOLCHAIN:-local}" GOBIN="$part"
+  go_env "containerd $version"
+  export GOBIN="$part"
   started=$SECONDS
   echo "building containerd $version (containerd, containerd-shim-runc-v2, ctr) into $dest" >&2
   ldflags="-s -w -X $module/version.Version=$version -X $module/version.Package=$module"

@@ -12,6 +12,7 @@
 # temporary folder requires cri-tools at the release.
 
 source "$(dirname "${BASH_SOURCE[0]}")/sid.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/go.sh"
 
 : "${CRR_TEST_CRITOOLS_VERSION:=v1.37.0}"
 
@@ -35,8 +36,8 @@ _critools_build() (
   part="$(mktemp -d "$CRR_TEST_CACHE/.cri-tools-$version.XXXXXX")"
   main="$(mktemp -d)"
   trap 'rm -rf "$part" "$main"' EXIT
-  command -v go >/dev/null || { echo "$0: Go 1.26 or later is needed to build cri-tools $version" >&2; exit 1; }
-  export GOFLAGS=-mod=mod GOTOOLCHAIN="${GOTOOLCHAIN:-local}" CGO_ENABLED=0
+  go_env "cri-tools $version"
+  export CGO_ENABLED=0
   started=$SECONDS
   echo "building cri-tools $version (critest, crictl, ginkgo) into $dest" >&2
   ldflags="-s -w -X $module/pkg/version.Version=$version"

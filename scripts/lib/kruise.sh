@@ -11,6 +11,7 @@
 # versions.
 
 source "$(dirname "${BASH_SOURCE[0]}")/sid.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/go.sh"
 
 : "${CRR_TEST_KRUISE_VERSION:=v1.9.0}"
 
@@ -28,8 +29,7 @@ _kruise_build() (
   tmp="$(mktemp -d)"
   part="$(mktemp -d "$CRR_TEST_CACHE/.openkruise-$version.XXXXXX")"
   trap 'rm -rf "$tmp" "$part"' EXIT
-  command -v go >/dev/null || { echo "$0: Go 1.26 or later is needed to build the real parts the tests run" >&2; exit 1; }
-  export GOFLAGS=-mod=mod GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
+  go_env "OpenKruise $version"
   started=$SECONDS
   echo "building OpenKruise $version (kruise-manager, kruise-daemon) into $dest" >&2
   cd "$tmp"

@@ -18,6 +18,7 @@
 # Go's own caches.
 
 source "$(dirname "${BASH_SOURCE[0]}")/sid.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/go.sh"
 
 : "${CRR_TEST_KUBE_VERSION:=v1.37.2}"
 : "${CRR_TEST_KUBELET_OLDER_VERSION:=v1.35.4}"
@@ -54,8 +55,7 @@ _kube_build() (
   part="$(mktemp -d "$CRR_TEST_CACHE/.$what-$version.XXXXXX")"
   # (part is gone once renamed into place.)
   trap 'rm -rf "$tmp" "$part"' EXIT
-  command -v go >/dev/null || { echo "$0: Go 1.26 or later is needed to build the real parts the tests run" >&2; exit 1; }
-  export GOFLAGS=-mod=mod GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
+  go_env "kubernetes $version"
   started=$SECONDS
   commands=(kube-apiserver kube-controller-manager kubelet kubectl)
   [[ $what == kubelet ]] && commands=(kubelet)
