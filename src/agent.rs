@@ -5,6 +5,10 @@
 //! its node, serialises the work per Pod, and recreates containers through
 //! the kill engine; kubelet restarts them.
 //!
+//! This file starts and stops it; the parts are its children, which take
+//! its types but call none of its functions:
+//!
+//! - `work`: the dispatcher of due Pods to the workers, and one Pod's pass;
 //! - `context`: what every part works through (API writes and their
 //!   expectations, the runtime, the kill engine, Events, metrics);
 //! - `daemon`: kruise-daemon's sync of one Pod;
@@ -13,7 +17,9 @@
 //! - `lease`, `claim`: in standalone mode, the election of the one node
 //!   that claims new CRRs for the nodes of their Pods, and its claims;
 //! - `watches`, `queue`, `backoff`: the watches, the per-Pod queue and its
-//!   workers, and the watch back-off;
+//!   key, and the watch back-off;
+//! - `credentials`: the kubeconfig, and the client that follows its
+//!   credentials;
 //! - `restarts`: whether kubelet will start a container again, before a kill;
 //! - `kruise_daemon`: in kruise mode, standing aside for a kruise-daemon on
 //!   the same node.
@@ -34,6 +40,7 @@ mod claim;
 mod context;
 mod credentials;
 mod daemon;
+mod error;
 pub mod kruise_daemon;
 mod lease;
 mod manager;
@@ -41,57 +48,41 @@ mod queue;
 mod restarts;
 mod standalone;
 mod watches;
+mod work;
 
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use kube::ResourceExt;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
-use tokio::sync::{Semaphore, watch};
-use tracing::{Instrument, debug, error, info, info_span, warn};
+use tokio::sync::watch;
+use tracing::{debug, error, info, warn};
 
 use crate::cri::Endpoint;
 use crate::cri::RuntimeClient;
 use crate::crr::client::{ApiVersion, CrrClient};
-use crate::crr::{ContainerRecreateRequest, labels};
+use crate::crr::labels;
 use crate::kill::Killer;
 use crate::metrics::Metrics;
 use crate::reason::Recreated;
 use crate::records::Records;
 use crate::telemetry::Chain;
 use context::{Context, INSTANCE_LIMIT, KillRecords, truncated};
-use daemon::Daemon;
 use manager::Manager;
-use queue::{Next, Queue, Step};
-use watches::{SyncGate, follow};
+use queue::Queue;
+use watches::{SyncGate, Wakes, follow};
+use work::Agent;
 
+pub use credentials::kube_config;
+pub use error::AgentError;
 pub use lease::{LeaseSettings, WallClock};
+pub use manager::Mode;
 pub use restarts::KubeletSettings;
 
-/// kruise-daemon runs 32 workers.
-const WORKERS: usize = 32;
 /// The Event source, as `kruise-daemon-crr` is for kruise.
 pub const REPORTER: &str = "crr-proxy";
-
-#[derive(Debug, thiserror::Error)]
-pub enum AgentError {
-    #[error("kubernetes API")]
-    Kube(#[from] kube::Error),
-    #[error("kubeconfig: {0}")]
-    KubeConfig(String),
-    #[error("start the agent thread")]
-    Thread(#[source] std::io::Error),
-    #[error("runtime {call}")]
-    Runtime {
-        call: &'static str,
-        #[source]
-        status: tonic::Status,
-    },
-}
 
 /// What the agent needs from its surroundings.
 pub struct AgentConfig {
@@ -112,35 +103,6 @@ pub struct AgentConfig {
     pub kubelet: KubeletSettings,
 }
 
-/// Who else handles CRRs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// Next to OpenKruise's webhook and kruise-manager.
-    Kruise,
-    /// Alone: crr-proxy also does the webhook's and the manager's part for
-    /// the CRRs of its node.
-    Standalone,
-}
-
-/// The work key: one Pod.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct PodKey {
-    namespace: String,
-    pod: String,
-}
-
-/// The running agent: its context, the cache of this node's active CRRs,
-/// the per-Pod queue, and who does the manager's part.
-struct Agent {
-    ctx: Context,
-    store: Store<ContainerRecreateRequest>,
-    queue: Queue<PodKey>,
-    manager: Manager,
-    /// Kruise mode: a kruise-daemon on this node, which the agent leaves
-    /// the node's CRRs to.
-    neighbour: kruise_daemon::Neighbour,
-}
-
 /// What the CRR agent needs to start.
 #[derive(Debug, Clone)]
 pub struct AgentSettings {
@@ -155,70 +117,6 @@ pub struct AgentSettings {
     pub lease: LeaseSettings,
     /// What the agent reads of kubelet's restart decisions.
     pub kubelet: KubeletSettings,
-}
-
-/// The Kubernetes client configuration: `--kubeconfig`, else `$KUBECONFIG`
-/// or `~/.kube/config`, else the in-cluster service account.
-pub async fn kube_config(settings: &AgentSettings) -> Result<kube::Config, AgentError> {
-    match &settings.kubeconfig {
-        Some(path) => kube_config_at(path).await,
-        None => inferred_config().await,
-    }
-}
-
-/// Without `--kubeconfig`: `$KUBECONFIG` or `~/.kube/config`, else the
-/// in-cluster service account.
-async fn inferred_config() -> Result<kube::Config, AgentError> {
-    let mut config = kube::Config::infer()
-        .await
-        .map_err(|e| AgentError::KubeConfig(e.to_string()))?;
-    crate::version::identify(&mut config, "agent");
-    Ok(config)
-}
-
-/// The Kubernetes client configuration of the kubeconfig at `path`.
-async fn kube_config_at(path: &std::path::Path) -> Result<kube::Config, AgentError> {
-    let bad =
-        |e: &dyn std::fmt::Display| AgentError::KubeConfig(format!("{}: {e}", path.display()));
-    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| bad(&e))?;
-    let mut config =
-        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-            .await
-            .map_err(|e| bad(&e))?;
-    crate::version::identify(&mut config, "agent");
-    Ok(config)
-}
-
-/// The agent's Kubernetes client, once its configuration can be read: a
-/// named kubeconfig is followed as its credentials change (kubelet's
-/// rotating certificate); without one, the in-cluster or default
-/// configuration. Until then each failure is logged, and tried again after
-/// 1 s, doubling up to a minute.
-async fn client_when_configured(
-    kubeconfig: Option<&std::path::Path>,
-    metrics: &Arc<Metrics>,
-) -> kube::Client {
-    let mut delay = std::time::Duration::from_secs(1);
-    loop {
-        let client = match kubeconfig {
-            Some(path) => credentials::following(path, Arc::clone(metrics)).await,
-            None => inferred_config()
-                .await
-                .and_then(|config| kube::Client::try_from(config).map_err(AgentError::Kube)),
-        };
-        match client {
-            Ok(client) => return client,
-            Err(error) => {
-                error!(
-                    error = %Chain(&error),
-                    retry_in = ?delay,
-                    "the agent cannot build its Kubernetes client; the proxy serves without it meanwhile"
-                );
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(std::time::Duration::from_secs(60));
-            }
-        }
-    }
 }
 
 /// The agent's thread, as the daemon sees it.
@@ -279,7 +177,7 @@ pub async fn spawn(
             };
             runtime.block_on(async move {
                 let client = tokio::select! {
-                    client = client_when_configured(kubeconfig.as_deref(), &metrics) => client,
+                    client = credentials::client_when_configured(kubeconfig.as_deref(), &metrics) => client,
                     _ = stopping.wait_for(|stop| *stop) => {
                         let _ = stopped.send(());
                         return;
@@ -455,8 +353,9 @@ impl Round {
             store,
             queue: Queue::default(),
             manager,
-            neighbour: kruise_daemon::Neighbour::default(),
+            neighbour: Arc::default(),
         });
+        let wakes: Arc<dyn Wakes> = agent.clone();
         info!(node = %node_name, %selector, ?mode, version = version.as_str(), "watching ContainerRecreateRequests");
         let beside_kruise_daemon = *mode == Mode::Kruise;
         let watches = 1
@@ -468,17 +367,19 @@ impl Round {
         let mut followers = vec![tokio::spawn(follow(
             active,
             "active CRRs",
-            Arc::clone(&agent),
+            Arc::clone(&wakes),
             Arc::clone(&gate),
         ))];
         if let Some(streams) = streams {
-            followers.extend(streams.spawn(&agent, &gate));
+            followers.extend(streams.spawn(&wakes, &gate));
         }
         if beside_kruise_daemon {
             followers.push(tokio::spawn(kruise_daemon::watch(
                 client.clone(),
                 node_name.clone(),
-                Arc::clone(&agent),
+                Arc::clone(&agent.neighbour),
+                Arc::clone(&config.metrics),
+                wakes,
                 Arc::clone(&gate),
             )));
         }
@@ -537,13 +438,6 @@ impl Round {
     }
 }
 
-fn pod_key(crr: &ContainerRecreateRequest) -> PodKey {
-    PodKey {
-        namespace: crr.namespace().unwrap_or_default(),
-        pod: crr.spec.pod_name.clone(),
-    }
-}
-
 /// The CRR version to use (`ApiVersion::discover`), asked again with the
 /// watches' back-off until the API server answers.
 async fn discover(client: &kube::Client) -> ApiVersion {
@@ -557,86 +451,5 @@ async fn discover(client: &kube::Client) -> ApiVersion {
                 tokio::time::sleep(delay).await;
             }
         }
-    }
-}
-
-// === impl Agent ===
-
-impl Agent {
-    /// Runs the syncs of due Pods, once every watch has listed: a sync
-    /// reads several stores, and one not yet listed would make a Pod or a
-    /// CRR look absent.
-    /// Once `stop` turns true, it starts nothing more and returns when the
-    /// syncs under way are over: a kill is not abandoned half-way.
-    async fn dispatch(self: Arc<Self>, gate: Arc<SyncGate>, mut stop: watch::Receiver<bool>) {
-        let workers = Arc::new(Semaphore::new(WORKERS));
-        tokio::select! {
-            () = gate.wait() => {}
-            _ = stop.wait_for(|stop| *stop) => return,
-        }
-        loop {
-            let (ready, next) = self.queue.take_due();
-            for key in ready {
-                let permit = tokio::select! {
-                    permit = Arc::clone(&workers).acquire_owned() => permit,
-                    _ = stop.wait_for(|stop| *stop) => break,
-                };
-                let Ok(permit) = permit else {
-                    return;
-                };
-                let agent = Arc::clone(&self);
-                let span = info_span!("pod", namespace = %key.namespace, pod = %key.pod);
-                tokio::spawn(
-                    async move {
-                        let next = match agent.sync(&key).await {
-                            Ok(next) => next,
-                            Err(error) => {
-                                warn!(error = %Chain(&error), "sync failed; backing off");
-                                agent.ctx.metrics.crr_sync_failed();
-                                Next::Failed
-                            }
-                        };
-                        agent.queue.done(key, next);
-                        drop(permit);
-                    }
-                    .instrument(span),
-                );
-            }
-            tokio::select! {
-                () = self.queue.wait(next) => {}
-                _ = stop.wait_for(|stop| *stop) => break,
-            }
-        }
-        let _ = workers.acquire_many(WORKERS as u32).await;
-    }
-
-    /// One pass over the CRRs of one Pod: the manager's part first, then
-    /// the daemon's.
-    async fn sync(&self, key: &PodKey) -> Result<Next, AgentError> {
-        // kruise-daemon does this node's CRRs; its Pod's going wakes them.
-        if self.neighbour.present().is_some() {
-            return Ok(Next::Done);
-        }
-        // Its time against the kill's tells the agent's own share of a
-        // CRR's latency from the watch's and the queue's.
-        debug!("pass begins");
-        self.ctx.metrics.crr_reconciled();
-        self.ctx.metrics.set_active_crrs(
-            self.store
-                .state()
-                .iter()
-                .filter(|c| !c.is_finished())
-                .count(),
-        );
-        let hint = match self.manager.pass(&self.ctx, &self.store, key).await? {
-            Step::Wrote => return Ok(Next::Done),
-            Step::Continue(next) => next,
-        };
-        let daemon = Daemon {
-            ctx: &self.ctx,
-            manager: &self.manager,
-            store: &self.store,
-        };
-        Ok(daemon.sync(key).await?.sooner(hint))
     }
 }

@@ -725,7 +725,7 @@ async fn kubernetes(
     settings: &AgentSettings,
     report: &mut Report,
 ) -> Option<Result<Layered, String>> {
-    let config = match agent::kube_config(settings).await {
+    let config = match agent::kube_config(settings.kubeconfig.as_deref()).await {
         Ok(mut config) => {
             crate::version::identify(&mut config, "check");
             report.add(

@@ -10,6 +10,7 @@
 //!   it, `seen` the cluster as its watches show it, `screen` its progress.
 
 pub mod follow;
+mod output;
 pub mod request;
 mod screen;
 mod seen;
@@ -32,9 +33,12 @@ use kube::runtime::{WatchStreamExt, watcher};
 use crate::crr::ContainerRecreateRequest;
 use crate::crr::client::{ApiVersion, CrrClient};
 use follow::{Outcome, Tracker};
+use output::print;
 use request::{Request, RequestError};
 use target::{Kind, Target};
 use waves::MaxUnavailable;
+
+pub use output::Output;
 
 /// Where the tool finds the cluster, as kubectl does.
 #[derive(Clone, Debug, Default)]
@@ -43,14 +47,6 @@ pub struct Cluster {
     pub context: Option<String>,
     /// `None`: the context's namespace.
     pub namespace: Option<String>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Output {
-    Json,
-    Yaml,
-    /// `RESOURCE.GROUP/NAME` per object, as `kubectl -o name` prints it.
-    Name,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -208,7 +204,7 @@ async fn one_pod(
             pod: pod_name.to_owned(),
             namespace: namespace.clone(),
         })?;
-    let name = request.name(seed());
+    let name = request.name(request::seed());
     let api_version = crrs.version().api_resource().api_version;
     let mut body = request.crr(&pod, &api_version, &name)?;
     body["metadata"]["namespace"] = namespace.clone().into();
@@ -266,15 +262,6 @@ async fn one_pod(
         print(out, output, &to_value(&last)?)?;
     }
     Ok(ended)
-}
-
-/// A changing seed for the CRR's name: the clock and the process.
-fn seed() -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    u64::try_from(nanos % u128::from(u64::MAX)).unwrap_or(0) ^ u64::from(std::process::id()) << 32
 }
 
 /// One change seen by the watches of the CRRs, Pods, Events and budgets.
@@ -484,37 +471,4 @@ async fn connect(cluster: &Cluster) -> Result<(kube::Client, String), RestartErr
 
 fn to_value(crr: &ContainerRecreateRequest) -> Result<serde_json::Value, RestartError> {
     serde_json::to_value(crr).map_err(|e| RestartError::Render(Box::new(e)))
-}
-
-fn print(
-    out: &mut (dyn Write + Send),
-    output: Output,
-    object: &serde_json::Value,
-) -> Result<(), RestartError> {
-    let text = match output {
-        Output::Json => serde_json::to_string_pretty(object)
-            .map(|t| t + "\n")
-            .map_err(|e| RestartError::Render(Box::new(e)))?,
-        Output::Yaml => {
-            serde_saphyr::to_string(object).map_err(|e| RestartError::Render(Box::new(e)))?
-        }
-        Output::Name => {
-            let items = match object["items"].as_array() {
-                Some(items) => items.iter().collect(),
-                None => vec![object],
-            };
-            items
-                .iter()
-                .map(|item| {
-                    format!(
-                        "{}.{}/{}\n",
-                        crate::crr::KIND.to_lowercase(),
-                        crate::crr::GROUP,
-                        item["metadata"]["name"].as_str().unwrap_or_default()
-                    )
-                })
-                .collect()
-        }
-    };
-    out.write_all(text.as_bytes()).map_err(RestartError::Output)
 }

@@ -499,3 +499,92 @@ fn the_modules_of_each_folder_use_each_other_without_a_cycle() {
         "{seen:#?}"
     );
 }
+
+/// The functions `file` declares at its top level (not methods), outside
+/// comments and its test module.
+fn top_level_functions(file: &Path) -> Vec<String> {
+    code_of(file)
+        .lines()
+        .filter_map(|line| {
+            let line = line
+                .strip_prefix("pub(crate) ")
+                .or_else(|| line.strip_prefix("pub(super) "))
+                .or_else(|| line.strip_prefix("pub "))
+                .unwrap_or(line);
+            let line = line.strip_prefix("async ").unwrap_or(line);
+            line.strip_prefix("fn ").map(identifier)
+        })
+        .collect()
+}
+
+/// For each folder of `src/` beside a file of its name (`agent/` and
+/// `agent.rs`), the names each file in the folder takes from that parent
+/// file through `super::` (siblings aside), as "file: name".
+fn taken_from_parent(src: &Path) -> BTreeMap<String, Vec<String>> {
+    let mut taken = BTreeMap::new();
+    for parent in source_files(src) {
+        let dir = parent.with_extension("");
+        if !dir.is_dir() {
+            continue;
+        }
+        let siblings: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .map(|p| p.file_stem().unwrap().to_str().unwrap().to_owned())
+            .collect();
+        let mut names = Vec::new();
+        for child in std::fs::read_dir(&dir).unwrap() {
+            let child = child.unwrap().path();
+            if child.extension().is_none_or(|e| e != "rs") || is_tests(&child) {
+                continue;
+            }
+            let me = child.file_stem().unwrap().to_str().unwrap().to_owned();
+            names.extend(
+                names_after(&code_of(&child), "super::")
+                    .into_iter()
+                    .filter(|n| !n.is_empty() && !siblings.contains(n))
+                    .map(|n| format!("{me}: {n}")),
+            );
+        }
+        names.sort();
+        names.dedup();
+        let name = dir.strip_prefix(src).unwrap().display().to_string();
+        taken.insert(name, names);
+    }
+    taken
+}
+
+/// A folder's files take their parent's vocabulary (its types, constants
+/// and errors) but never its functions: those are the parent's own work
+/// (`agent.rs` starts the agent, `relay.rs` runs a connection), and a
+/// child that calls back into them is a circle through the parent.
+#[test]
+fn a_folders_files_call_no_function_of_their_parent() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let taken = taken_from_parent(&src);
+    let mut calls = Vec::new();
+    for (dir, names) in &taken {
+        let functions = top_level_functions(&src.join(format!("{dir}.rs")));
+        calls.extend(
+            names
+                .iter()
+                .filter(|n| {
+                    n.split_once(": ")
+                        .is_some_and(|(_, n)| functions.contains(&n.to_owned()))
+                })
+                .map(|n| format!("{dir}/{n}")),
+        );
+    }
+    assert!(calls.is_empty(), "children calling their parent: {calls:?}");
+    // The reading finds what it should: a type taken from the parent, and
+    // the parent's functions.
+    assert!(
+        taken["restart"].contains(&"workload: Options".to_owned()),
+        "{taken:#?}"
+    );
+    let agent = top_level_functions(&src.join("agent.rs"));
+    assert!(
+        agent.contains(&"spawn".to_owned()) && agent.contains(&"run".to_owned()),
+        "{agent:?}"
+    );
+}

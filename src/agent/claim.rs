@@ -27,9 +27,9 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
-use super::AgentError;
 use super::backoff::WatchBackoff;
 use super::context::{self, Completion};
+use super::error::AgentError;
 use super::lease::Leadership;
 use super::queue::{Next, Queue};
 use crate::crr::client::CrrClient;

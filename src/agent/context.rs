@@ -15,7 +15,8 @@ use serde_json::json;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::{AgentError, KubeletSettings};
+use super::error::AgentError;
+use super::restarts::KubeletSettings;
 use crate::cri::RuntimeClient;
 use crate::cri::v1::{
     Container, ContainerFilter, ContainerState, ContainerStatusRequest, ListContainersRequest,

@@ -21,11 +21,11 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use http::{Request, Response, StatusCode};
 use kube::client::Body;
-use kube::config::Kubeconfig;
+use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::sync::Notify;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
-use super::{AgentError, kube_config_at};
+use super::error::AgentError;
 use crate::metrics::Metrics;
 use crate::telemetry::Chain;
 
@@ -37,6 +37,71 @@ const EVERY: Duration = Duration::from_secs(60);
 /// The least time between two looks, so that a run of 401s (a credential
 /// revoked for good) reads the files once a second at most.
 const PAUSE: Duration = Duration::from_secs(1);
+
+/// The Kubernetes client configuration: `kubeconfig` (`--kubeconfig`),
+/// else `$KUBECONFIG` or `~/.kube/config`, else the in-cluster service
+/// account.
+pub async fn kube_config(kubeconfig: Option<&Path>) -> Result<kube::Config, AgentError> {
+    match kubeconfig {
+        Some(path) => kube_config_at(path).await,
+        None => inferred_config().await,
+    }
+}
+
+/// Without `--kubeconfig`: `$KUBECONFIG` or `~/.kube/config`, else the
+/// in-cluster service account.
+async fn inferred_config() -> Result<kube::Config, AgentError> {
+    let mut config = kube::Config::infer()
+        .await
+        .map_err(|e| AgentError::KubeConfig(e.to_string()))?;
+    crate::version::identify(&mut config, "agent");
+    Ok(config)
+}
+
+/// The Kubernetes client configuration of the kubeconfig at `path`.
+async fn kube_config_at(path: &std::path::Path) -> Result<kube::Config, AgentError> {
+    let bad =
+        |e: &dyn std::fmt::Display| AgentError::KubeConfig(format!("{}: {e}", path.display()));
+    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| bad(&e))?;
+    let mut config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| bad(&e))?;
+    crate::version::identify(&mut config, "agent");
+    Ok(config)
+}
+
+/// The agent's Kubernetes client, once its configuration can be read: a
+/// named kubeconfig is followed as its credentials change (kubelet's
+/// rotating certificate); without one, the in-cluster or default
+/// configuration. Until then each failure is logged, and tried again after
+/// 1 s, doubling up to a minute.
+pub(super) async fn client_when_configured(
+    kubeconfig: Option<&std::path::Path>,
+    metrics: &Arc<Metrics>,
+) -> kube::Client {
+    let mut delay = std::time::Duration::from_secs(1);
+    loop {
+        let client = match kubeconfig {
+            Some(path) => following(path, Arc::clone(metrics)).await,
+            None => inferred_config()
+                .await
+                .and_then(|config| kube::Client::try_from(config).map_err(AgentError::Kube)),
+        };
+        match client {
+            Ok(client) => return client,
+            Err(error) => {
+                error!(
+                    error = %Chain(&error),
+                    retry_in = ?delay,
+                    "the agent cannot build its Kubernetes client; the proxy serves without it meanwhile"
+                );
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(60));
+            }
+        }
+    }
+}
 
 /// Looks in a row that could not read the files before that is a warning
 /// (each look is about 2 s apart).

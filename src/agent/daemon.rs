@@ -15,10 +15,11 @@ use kube::{Resource, ResourceExt};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::context::{Completion, Context, EXPECTATION_WAIT};
+use super::error::AgentError;
 use super::manager::Manager;
 use super::queue::Next;
+use super::queue::PodKey;
 use super::restarts;
-use super::{AgentError, PodKey};
 use crate::crr::lists;
 use crate::crr::state::{self, Candidate, NotKilled, PassEnd};
 use crate::crr::{ContainerRecreateRequest, ContainerRecreateState, Phase, labels};
@@ -56,7 +57,7 @@ impl Daemon<'_> {
             .store
             .state()
             .into_iter()
-            .filter(|c| super::pod_key(c) == *key)
+            .filter(|c| PodKey::of(c) == *key)
             .collect();
         if crrs.is_empty() {
             return Ok(Next::Done);
@@ -219,7 +220,7 @@ impl Daemon<'_> {
         name: String,
     ) -> impl Future<Output = Result<(), NotKilled<KillFailure>>> + use<'_> {
         let (ctx, manager) = (self.ctx, self.manager);
-        let pod_key = super::pod_key(crr);
+        let pod_key = PodKey::of(crr);
         let crr_key = format!("{}/{}", crr.namespace().unwrap_or_default(), crr.name_any());
         let crr_uid = crr.uid();
         let seen = ctx.first_seen(crr);

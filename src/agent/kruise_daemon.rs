@@ -18,7 +18,8 @@ use tracing::{info, warn};
 
 use super::backoff::WatchBackoff;
 use super::watches::SyncGate;
-use super::{Agent, pod_key};
+use super::watches::Wakes;
+use crate::metrics::Metrics;
 
 /// The label OpenKruise's chart puts on kruise-daemon's Pods.
 pub const LABEL: &str = "control-plane=daemon";
@@ -77,7 +78,9 @@ impl Neighbour {
 pub(super) async fn watch(
     client: kube::Client,
     node: String,
-    agent: Arc<Agent>,
+    neighbour: Arc<Neighbour>,
+    metrics: Arc<Metrics>,
+    agent: Arc<dyn Wakes>,
     gate: Arc<SyncGate>,
 ) {
     let (store, writer): (Store<Pod>, _) = reflector::store();
@@ -103,8 +106,8 @@ pub(super) async fn watch(
         }
         let pods = store.state();
         let now = found(pods.iter().map(|p| &**p));
-        if agent.neighbour.set(now.clone()) {
-            agent.ctx.metrics.set_kruise_daemon(now.clone());
+        if neighbour.set(now.clone()) {
+            metrics.set_kruise_daemon(now.clone());
             match &now {
                 Some(pod) => warn!(
                     %pod,
@@ -112,9 +115,7 @@ pub(super) async fn watch(
                 ),
                 None => {
                     info!("no kruise-daemon on this node any more: taking up its CRRs");
-                    for crr in agent.store.state() {
-                        agent.queue.add(pod_key(&crr));
-                    }
+                    agent.wake_all();
                 }
             }
         }

@@ -12,15 +12,26 @@ use kube::runtime::reflector::Store;
 use tracing::{debug, warn};
 
 use super::context::Context;
+use super::error::AgentError;
+use super::queue::PodKey;
 use super::queue::{Next, Step};
 use super::standalone;
-use super::{AgentError, Mode, PodKey};
 use crate::crr::client::CrrClient;
 use crate::crr::{ContainerRecreateRequest, SyncContainerStatus};
 use crate::telemetry::Chain;
 
 /// How long a kill waits for its Pod's spec in kruise mode.
 const POD_READ_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Who else handles CRRs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Next to OpenKruise's webhook and kruise-manager.
+    Kruise,
+    /// Alone: crr-proxy also does the webhook's and the manager's part for
+    /// the CRRs of its node.
+    Standalone,
+}
 
 pub(crate) enum Manager {
     /// kruise-manager and its webhook do it.
@@ -91,7 +102,7 @@ impl Manager {
                 .into_iter()
                 .map(|s| (s.name.clone(), s))
                 .collect(),
-            Manager::Standalone(parts) => parts.sync_statuses(&super::pod_key(crr)),
+            Manager::Standalone(parts) => parts.sync_statuses(&PodKey::of(crr)),
         }
     }
 

@@ -6,12 +6,32 @@ use std::hash::Hash;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use kube::ResourceExt;
 use tokio::sync::Notify;
 use tokio::time::Instant;
+
+use crate::crr::ContainerRecreateRequest;
 
 /// kruise-daemon's back-off: 500 ms doubling up to 50 s.
 const BACKOFF_BASE: Duration = Duration::from_millis(500);
 const BACKOFF_CAP: Duration = Duration::from_secs(50);
+
+/// The work key: one Pod.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PodKey {
+    pub namespace: String,
+    pub pod: String,
+}
+
+impl PodKey {
+    /// The Pod a CRR is for.
+    pub fn of(crr: &ContainerRecreateRequest) -> Self {
+        Self {
+            namespace: crr.namespace().unwrap_or_default(),
+            pod: crr.spec.pod_name.clone(),
+        }
+    }
+}
 
 pub struct Queue<K> {
     state: Mutex<State<K>>,

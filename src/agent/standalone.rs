@@ -31,9 +31,9 @@ use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::context::{self, Completion, Context};
-use super::queue::{Next, Step};
-use super::watches::{SyncGate, Watched, follow};
-use super::{Agent, AgentError, PodKey};
+use super::error::AgentError;
+use super::queue::{Next, PodKey, Step};
+use super::watches::{SyncGate, Wakes, Watched, follow};
 use crate::crr::client::{ApiVersion, CrrClient};
 use crate::crr::{ContainerRecreateRequest, Phase, SyncContainerStatus, annotations, labels};
 use crate::crr::{PRE_RECREATE_GRACE, pre_recreate_grace};
@@ -108,7 +108,7 @@ impl Streams {
     /// How many watches `spawn` follows.
     pub(crate) const COUNT: usize = 2;
 
-    pub(crate) fn spawn(self, agent: &Arc<Agent>, gate: &Arc<SyncGate>) -> Vec<JoinHandle<()>> {
+    pub(crate) fn spawn(self, agent: &Arc<dyn Wakes>, gate: &Arc<SyncGate>) -> Vec<JoinHandle<()>> {
         vec![
             tokio::spawn(follow(
                 self.pods,
@@ -177,7 +177,7 @@ impl Parts {
                         metrics.crr_completed(CrrOutcome::DeadlineExceeded);
                         // Give back what the CRR held now, too: its Pod's
                         // queue may be busy with the kill for a while.
-                        let key = super::pod_key(&written);
+                        let key = PodKey::of(&written);
                         let pod = pods.get(&ObjectRef::new(&key.pod).within(&key.namespace));
                         if let Err(error) = release(&client, &crrs, &written, pod.as_deref()).await
                         {
@@ -296,11 +296,7 @@ pub(crate) async fn manage_pod(
         }
     };
     let mut confirmed: Option<Option<Pod>> = None;
-    for crr in store
-        .state()
-        .into_iter()
-        .filter(|c| super::pod_key(c) == *key)
-    {
+    for crr in store.state().into_iter().filter(|c| PodKey::of(c) == *key) {
         if crr.is_finished() {
             wrote |= release(&ctx.client, &ctx.crrs, &crr, pod.as_deref()).await?;
             continue;
@@ -447,7 +443,7 @@ pub(crate) async fn acquire_unready(
     parts: &Parts,
     crr: &ContainerRecreateRequest,
 ) -> Result<(), AgentError> {
-    let key = super::pod_key(crr);
+    let key = PodKey::of(crr);
     let Some(pod) = parts.pod(&key) else {
         return Ok(());
     };

@@ -10,7 +10,7 @@ use tokio::sync::{Notify, watch};
 use tracing::warn;
 
 use super::backoff::WatchBackoff;
-use super::{Agent, PodKey, pod_key};
+use super::queue::PodKey;
 use crate::crr::ContainerRecreateRequest;
 use crate::listing::Listing;
 
@@ -59,26 +59,38 @@ impl SyncGate {
     }
 }
 
+/// What the watches wake: the agent (`work`), as they see it.
+pub(crate) trait Wakes: Send + Sync + 'static {
+    /// Queue a Pod's work.
+    fn wake(&self, key: PodKey);
+    /// Queue the work of every Pod with an active CRR.
+    fn wake_all(&self);
+    /// A CRR arrived (the expectations of the agent's writes).
+    fn seen(&self, crr: &ContainerRecreateRequest);
+    /// A CRR was deleted: drop what the agent remembers of it.
+    fn forget(&self, crr: &ContainerRecreateRequest);
+}
+
 /// Something the agent watches: which Pod an object's change concerns.
 pub(crate) trait Watched {
     fn pod_key(&self) -> Option<PodKey>;
     /// Note the object's arrival.
-    fn seen(&self, _agent: &Agent) {}
+    fn seen(&self, _agent: &dyn Wakes) {}
     /// Drop what the agent remembers of a deleted object.
-    fn forget(&self, _agent: &Agent) {}
+    fn forget(&self, _agent: &dyn Wakes) {}
 }
 
 impl Watched for ContainerRecreateRequest {
     fn pod_key(&self) -> Option<PodKey> {
-        Some(pod_key(self))
+        Some(PodKey::of(self))
     }
 
-    fn seen(&self, agent: &Agent) {
-        agent.ctx.seen(self);
+    fn seen(&self, agent: &dyn Wakes) {
+        agent.seen(self);
     }
 
-    fn forget(&self, agent: &Agent) {
-        agent.ctx.forget(self);
+    fn forget(&self, agent: &dyn Wakes) {
+        agent.forget(self);
     }
 }
 
@@ -94,7 +106,7 @@ impl Watched for ContainerRecreateRequest {
 pub(crate) async fn follow<K, S>(
     events: S,
     what: &'static str,
-    agent: Arc<Agent>,
+    agent: Arc<dyn Wakes>,
     gate: Arc<SyncGate>,
 ) where
     K: Watched,
@@ -112,28 +124,28 @@ pub(crate) async fn follow<K, S>(
         }
         match event {
             Ok(watcher::Event::InitApply(obj)) => {
-                obj.seen(&agent);
+                obj.seen(&*agent);
                 if let Some(key) = obj.pod_key() {
                     listing.add(key);
                 }
             }
             Ok(watcher::Event::Apply(obj)) => {
-                obj.seen(&agent);
+                obj.seen(&*agent);
                 if let Some(key) = obj.pod_key() {
                     listed.insert(key.clone());
-                    agent.queue.add(key);
+                    agent.wake(key);
                 }
             }
             Ok(watcher::Event::Delete(obj)) => {
-                obj.forget(&agent);
+                obj.forget(&*agent);
                 if let Some(key) = obj.pod_key() {
-                    agent.queue.add(key);
+                    agent.wake(key);
                 }
             }
             Ok(watcher::Event::InitDone) => {
                 let fresh: HashSet<PodKey> = listing.done().into_iter().collect();
                 for key in listed.drain().chain(fresh.iter().cloned()) {
-                    agent.queue.add(key);
+                    agent.wake(key);
                 }
                 listed = fresh;
                 if !synced {

@@ -58,6 +58,7 @@ mod answers;
 mod closing;
 mod codec;
 mod flow;
+mod frames;
 mod outbound;
 mod requests;
 mod responses;
@@ -459,38 +460,6 @@ impl State {
     fn drop_stream(&mut self, id: u32) {
         self.answers.drop_stream(id, &mut self.to_upstream);
     }
-}
-
-/// Takes the client's connection preface from the front of `inbox`:
-/// `Ok(true)` once it has come whole (and is consumed), `Ok(false)` while
-/// what came may still be its start.
-fn take_preface(inbox: &mut Inbox) -> Result<bool, RelayError> {
-    match frame::preface(inbox.data()) {
-        None => Err(RelayError::Preface),
-        Some(false) => Ok(false),
-        Some(true) => {
-            inbox.consume(frame::PREFACE.len());
-            Ok(true)
-        }
-    }
-}
-
-/// Hands each whole frame at the front of `inbox` (head and all its bytes)
-/// to `each`, in order, consuming it once handled, up to a frame still
-/// coming. A frame longer than `limit` is the peer's error. The relay's
-/// two directions and the stand-in read frames this one way.
-fn each_frame(
-    inbox: &mut Inbox,
-    limit: usize,
-    mut each: impl FnMut(Head, &[u8]) -> Result<(), RelayError>,
-) -> Result<(), RelayError> {
-    while let Some((head, frame)) =
-        frame::next(inbox.data(), limit).map_err(|len| RelayError::FrameTooLarge { len, limit })?
-    {
-        each(head, frame)?;
-        inbox.consume(frame.len());
-    }
-    Ok(())
 }
 
 /// The fuzz target `relay_frames` (see `fuzzing`): both sides' bytes, as

@@ -34,6 +34,15 @@ pub struct Request {
     pub failure_policy: Option<FailurePolicy>,
 }
 
+/// A changing seed for the CRR's name: the clock and the process.
+pub fn seed() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    u64::try_from(nanos % u128::from(u64::MAX)).unwrap_or(0) ^ u64::from(std::process::id()) << 32
+}
+
 /// `len` characters of the API server's `generateName` alphabet (no
 /// vowels, no look-alikes), from `seed`.
 pub fn suffix(seed: u64, len: usize) -> String {

@@ -22,12 +22,13 @@ use kube::runtime::watcher;
 use serde_json::{Value, json};
 
 use super::follow::{Outcome, Tracker};
+use super::output::{Output, print};
 use super::request::{self, CREATED_BY, TOOL};
 use super::screen::Screen;
 use super::seen::{Seen, active, budgets_over, controller, ready, restarts};
 use super::target::{Kind, Target};
 use super::waves::{Next, Progress, next_wave};
-use super::{Change, Changes, DryRun, Ended, Options, Output, Place, RestartError, print, seed};
+use super::{Change, Changes, DryRun, Ended, Options, Place, RestartError};
 use crate::crr::{ContainerRecreateRequest, Phase};
 
 /// The run a CRR belongs to.
@@ -69,7 +70,7 @@ pub async fn run(
         .waves
         .run_id
         .clone()
-        .unwrap_or_else(|| request::suffix(seed(), 8));
+        .unwrap_or_else(|| request::suffix(request::seed(), 8));
     let mut changes = Changes::new();
     let in_namespace = || watcher::Config::default();
     changes.add(
@@ -550,7 +551,7 @@ impl<'o> Walk<'o> {
     fn body(&self, pod: &Pod, name: &str) -> Result<Value, RestartError> {
         let mut request = self.options.request.clone();
         request.pod = name.to_owned();
-        let crr_name = request.name(seed());
+        let crr_name = request.name(request::seed());
         let mut body = request.crr(pod, &self.api_version, &crr_name)?;
         body["metadata"]["labels"] = json!({
             CREATED_BY: TOOL, RUN: self.run, WORKLOAD_UID: self.workload_uid,

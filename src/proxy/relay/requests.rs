@@ -2,7 +2,8 @@
 
 use super::closing::DRAIN_PING;
 use super::codec::Block;
-use super::{RelayError, State, each_frame, take_preface};
+use super::frames::{each_frame, take_preface};
+use super::{RelayError, State};
 use crate::cri::Method;
 use crate::proxy::body::Call;
 use crate::proxy::editor_for;

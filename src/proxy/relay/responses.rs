@@ -3,8 +3,9 @@
 
 use bytes::{Bytes, BytesMut};
 
+use super::frames::each_frame;
 use super::streams::Data;
-use super::{MAX_HELD_BLOCK, RelayError, State, each_frame};
+use super::{MAX_HELD_BLOCK, RelayError, State};
 use crate::proxy::body::{UNAVAILABLE, UNKNOWN, unavailable_message};
 use crate::proxy::frame::{self, HEAD_LEN, Head};
 use crate::proxy::socket::Inbox;

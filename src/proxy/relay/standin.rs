@@ -19,10 +19,11 @@ use tokio::net::UnixStream;
 use tokio::sync::watch;
 use tracing::debug;
 
+use super::RelayError;
 use super::closing::Closing;
 use super::codec::{Block, Blocks};
+use super::frames::{each_frame, take_preface};
 use super::outbound::Outbound;
-use super::{RelayError, each_frame, take_preface};
 use crate::cri::Method;
 use crate::metrics::Metrics;
 use crate::proxy::Endpoint;

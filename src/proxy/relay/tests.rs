@@ -1,3 +1,4 @@
+use super::frames::{each_frame, take_preface};
 use super::*;
 use bytes::BytesMut;
 
