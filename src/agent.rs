@@ -11,7 +11,8 @@
 //! - `work`: the dispatcher of due Pods to the workers, and one Pod's pass;
 //! - `context`: what every part works through (API writes and their
 //!   expectations, the runtime, the kill engine, Events, metrics);
-//! - `daemon`: kruise-daemon's sync of one Pod;
+//! - `daemon`: kruise-daemon's sync of one Pod; `kill_order`: what one
+//!   container's kill asks and tells, decided apart from its I/O;
 //! - `manager`: the webhook's and kruise-manager's duties, kruise's or
 //!   `standalone`'s;
 //! - `lease`, `claim`: in standalone mode, the election of the one node
@@ -41,6 +42,7 @@ mod context;
 mod credentials;
 mod daemon;
 mod error;
+mod kill_order;
 pub mod kruise_daemon;
 mod lease;
 mod manager;

@@ -7,7 +7,6 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use k8s_openapi::api::core::v1::{LifecycleHandler, ObjectReference};
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::Store;
@@ -16,6 +15,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::context::{Completion, Context, EXPECTATION_WAIT};
 use super::error::AgentError;
+use super::kill_order::{self, KillOrder};
 use super::manager::Manager;
 use super::queue::Next;
 use super::queue::PodKey;
@@ -23,8 +23,7 @@ use super::restarts;
 use crate::crr::lists;
 use crate::crr::state::{self, Candidate, NotKilled, PassEnd};
 use crate::crr::{ContainerRecreateRequest, ContainerRecreateState, Phase, labels};
-use crate::kill::{HookResult, KillError, KillRequest, OnStopping, StateAfter};
-use crate::restart_rules;
+use crate::kill::{HookResult, KillError, OnStopping};
 use crate::telemetry::Chain;
 
 /// Why a container of a CRR could not be killed; its text goes into the
@@ -212,7 +211,8 @@ impl Daemon<'_> {
         })
     }
 
-    /// Kills one container of `crr` (synchronously: preStop, then stop).
+    /// Kills one container of `crr` (synchronously: preStop, then stop):
+    /// the request and the Events are `kill_order`'s; this is their I/O.
     fn kill(
         &self,
         crr: &ContainerRecreateRequest,
@@ -224,43 +224,18 @@ impl Daemon<'_> {
         let crr_key = format!("{}/{}", crr.namespace().unwrap_or_default(), crr.name_any());
         let crr_uid = crr.uid();
         let seen = ctx.first_seen(crr);
-        let message = format!(
-            "Stopping container {name} by ContainerRecreateRequest {}",
-            crr.name_any()
-        );
-        let spec = crr.spec.containers.iter().find(|c| c.name == name).cloned();
-        let grace_period = crr
-            .spec
-            .strategy
-            .as_ref()
-            .and_then(|s| s.termination_grace_period_seconds);
-        let mut reference = ObjectReference {
-            kind: Some("Pod".into()),
-            api_version: Some("v1".into()),
-            namespace: crr.namespace(),
-            name: Some(crr.spec.pod_name.clone()),
-            uid: crr.labels().get(labels::POD_UID).cloned(),
-            field_path: Some(format!("spec.containers{{{name}}}")),
-            ..Default::default()
-        };
+        let crr = crr.clone();
         async move {
             let id = runtime_id
                 .as_deref()
-                .and_then(|id| id.split_once("://").map(|(_, id)| id.to_owned()))
+                .and_then(kill_order::runtime_id)
+                .map(str::to_owned)
                 .ok_or_else(|| NotKilled::Failed(KillFailure::NoContainer(name.clone())))?;
             // Only a container kubelet will start again is stopped; where
             // only some exit codes restart it, the proxy reports one.
-            let spec_of_pod = manager.pod_spec(ctx, &pod_key).await;
-            let rewrite = restarts::decide(&ctx.kubelet, spec_of_pod.as_ref(), &name)
-                .map_err(NotKilled::Refused)?;
-            // kubelet's Events name a sidecar by its place in the spec.
-            let sidecar = spec_of_pod
-                .iter()
-                .flat_map(|s| s.init_containers.iter().flatten())
-                .any(|c| c.name == name && restart_rules::is_sidecar(c));
-            if sidecar {
-                reference.field_path = Some(format!("spec.initContainers{{{name}}}"));
-            }
+            let pod = manager.pod_spec(ctx, &pod_key).await;
+            let rewrite =
+                restarts::decide(&ctx.kubelet, pod.as_ref(), &name).map_err(NotKilled::Refused)?;
             // A kill that began before a restart (its hook perhaps cut short)
             // goes straight to StopContainer: the hook runs at most once.
             let kills = &ctx.records.kills;
@@ -272,43 +247,22 @@ impl Daemon<'_> {
                     warn!(error = %Chain(&error), "a restart during this kill would run its preStop hook again");
                 }
             }
-            let request = KillRequest {
-                skip_pre_stop: resumed,
-                grace_period,
-                // The webhook's copy of the Pod's preStop; without one, the
-                // container's own annotation (which may hold `sleep`). The
-                // webhook copies a sleep-only preStop as `{}`: that is none.
-                pre_stop: spec
-                    .as_ref()
-                    .and_then(|c| c.pre_stop.as_ref())
-                    .filter(|p| p.exec.is_some() || p.http_get.is_some() || p.tcp_socket.is_some())
-                    .map(|p| LifecycleHandler {
-                        exec: p.exec.clone(),
-                        http_get: p.http_get.clone(),
-                        tcp_socket: p.tcp_socket.clone(),
-                        ..Default::default()
-                    }),
-                ports: spec
-                    .as_ref()
-                    .map(|c| c.ports.clone())
-                    .filter(|p| !p.is_empty()),
-                message: Some(message.clone()),
-                // Recorded before the preStop hook and the stop, not after:
-                // kubelet may ask about the exited container before
-                // StopContainer has even returned.
-                on_stopping: Some(OnStopping({
-                    let (recreated, id, crr_key) = (
-                        Arc::clone(&ctx.records.recreated),
-                        id.clone(),
-                        crr_key.clone(),
-                    );
-                    Arc::new(move || {
-                        if let Err(error) = recreated.record(&id, &crr_key, rewrite) {
-                            warn!(error = %Chain(&error), "the restart reason will not survive a restart");
-                        }
-                    })
-                })),
-            };
+            let KillOrder {
+                mut request,
+                message,
+                reference,
+            } = kill_order::kill_order(&crr, &name, pod.as_ref(), resumed);
+            // Recorded before the preStop hook and the stop, not after:
+            // kubelet may ask about the exited container before
+            // StopContainer has even returned.
+            request.on_stopping = Some(OnStopping({
+                let (recreated, id) = (Arc::clone(&ctx.records.recreated), id.clone());
+                Arc::new(move || {
+                    if let Err(error) = recreated.record(&id, &crr_key, rewrite) {
+                        warn!(error = %Chain(&error), "the restart reason will not survive a restart");
+                    }
+                })
+            }));
             // The Event is written while the container stops, as kubelet's
             // recorder writes its own beside the kill: the stop never waits
             // on the API server. Both are done before the kill's state is.
@@ -323,22 +277,11 @@ impl Daemon<'_> {
                     error,
                 })
             })?;
-            if let Some(hook) = &outcome.hook {
-                if let HookResult::Failed(text) = &hook.result {
-                    let note = text.replace(&id, &name);
-                    ctx.event(&reference, EventType::Warning, "FailedPreStopHook", note)
-                        .await;
-                }
-                if hook.http_fallback {
-                    let note = "HTTP lifecycle hook for preStop fell back to HTTP: the server answered HTTPS in plain HTTP";
-                    ctx.event(
-                        &reference,
-                        EventType::Warning,
-                        "LifecycleHTTPFallback",
-                        note.into(),
-                    )
+            for told in kill_order::told_after(&outcome, &id, &name, rewrite) {
+                ctx.event(&reference, told.kind, told.reason, told.note)
                     .await;
-                }
+            }
+            if let Some(hook) = &outcome.hook {
                 let failed = !matches!(hook.result, HookResult::Succeeded);
                 ctx.metrics.pre_stop_finished(hook.took, failed);
             }
@@ -346,15 +289,6 @@ impl Daemon<'_> {
                 && let Some(seen) = seen
             {
                 ctx.metrics.container_stopped(seen.elapsed());
-            }
-            if let (Some(rewrite), StateAfter::Exited { exit_code, .. }) = (rewrite, &outcome.after)
-                && let Some(reported) = rewrite.code_for(*exit_code)
-            {
-                let note = format!(
-                    "Container {name} exited with code {exit_code}, which its restart policy does not restart; kubelet is told {reported}"
-                );
-                ctx.event(&reference, EventType::Normal, "ExitCodeReported", note)
-                    .await;
             }
             info!(container = %name, after = ?outcome.after, "container killed");
             Ok(())
