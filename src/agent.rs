@@ -9,8 +9,9 @@
 //! its types but call none of its functions:
 //!
 //! - `work`: the dispatcher of due Pods to the workers, and one Pod's pass;
-//! - `context`: what every part works through (API writes and their
-//!   expectations, the runtime, the kill engine, Events, metrics);
+//! - `context`: what every part works through, a part per job: the status
+//!   writes, `expectations`, `runtime` (its reads), `events`, the kill
+//!   engine and its records, the metrics;
 //! - `daemon`: kruise-daemon's sync of one Pod; `kill_order`: what one
 //!   container's kill asks and tells, decided apart from its I/O;
 //! - `manager`: the webhook's and kruise-manager's duties, kruise's or
@@ -42,12 +43,15 @@ mod context;
 mod credentials;
 mod daemon;
 mod error;
+mod events;
+mod expectations;
 mod kill_order;
 pub mod kruise_daemon;
 mod lease;
 mod manager;
 mod queue;
 mod restarts;
+mod runtime;
 mod standalone;
 mod watches;
 mod work;
@@ -71,9 +75,12 @@ use crate::metrics::Metrics;
 use crate::reason::Recreated;
 use crate::records::Records;
 use crate::telemetry::Chain;
-use context::{Context, INSTANCE_LIMIT, KillRecords, truncated};
+use context::{Context, KillRecords};
+use events::{Events, INSTANCE_LIMIT, truncated};
+use expectations::Expectations;
 use manager::Manager;
 use queue::Queue;
+use runtime::Runtime;
 use watches::{SyncGate, Wakes, follow};
 use work::Agent;
 
@@ -340,16 +347,17 @@ impl Round {
             recreated: Arc::clone(&config.recreated),
             kills: Arc::clone(&config.kills),
         };
-        let ctx = Context::new(
-            client.clone(),
-            version,
-            config.cri.clone(),
-            config.killer.clone(),
+        let ctx = Context {
+            client: client.clone(),
+            crrs: crrs.clone(),
+            expectations: Expectations::default(),
+            runtime: Runtime::new(config.cri.clone()),
+            events: Events::new(recorder),
+            killer: config.killer.clone(),
             records,
-            recorder,
-            Arc::clone(&config.metrics),
-        )
-        .with_kubelet(config.kubelet.clone());
+            kubelet: config.kubelet.clone(),
+            metrics: Arc::clone(&config.metrics),
+        };
         let agent = Arc::new(Agent {
             ctx,
             store,

@@ -30,6 +30,7 @@ use tracing::{debug, info, warn};
 use super::backoff::WatchBackoff;
 use super::context::{self, Completion};
 use super::error::AgentError;
+use super::events;
 use super::lease::Leadership;
 use super::queue::{Next, Queue};
 use crate::crr::client::CrrClient;
@@ -346,7 +347,7 @@ impl Claimer {
                 let event = Event {
                     type_: EventType::Warning,
                     reason: "Unwritable".into(),
-                    note: Some(context::truncated(note, context::NOTE_LIMIT, " ...")),
+                    note: Some(events::truncated(note, events::NOTE_LIMIT, " ...")),
                     action: "Claim".into(),
                     secondary: None,
                 };

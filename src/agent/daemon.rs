@@ -13,8 +13,9 @@ use kube::runtime::reflector::Store;
 use kube::{Resource, ResourceExt};
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::context::{Completion, Context, EXPECTATION_WAIT};
+use super::context::{Completion, Context};
 use super::error::AgentError;
+use super::expectations::EXPECTATION_WAIT;
 use super::kill_order::{self, KillOrder};
 use super::manager::Manager;
 use super::queue::Next;
@@ -75,11 +76,11 @@ impl Daemon<'_> {
             })
             .collect();
         for crr in crrs.iter().filter(|c| c.is_finished()) {
-            self.ctx.forget(crr);
+            self.ctx.expectations.forget(crr);
         }
         let by_name = |name: &str| crrs.iter().find(|c| c.name_any() == name);
         let picked = state::pick(&candidates, |name| {
-            by_name(name).is_none_or(|c| self.ctx.is_current(c))
+            by_name(name).is_none_or(|c| self.ctx.expectations.is_current(c))
         });
         for name in &picked.set_pending {
             if let Some(crr) = by_name(name) {
@@ -147,7 +148,7 @@ impl Daemon<'_> {
 
     /// Steps A to I for the picked CRR.
     async fn recreate(&self, crr: &ContainerRecreateRequest) -> Result<Next, AgentError> {
-        let runtime = self.ctx.runtime_name().await?;
+        let runtime = self.ctx.runtime.name().await?;
         if let Err(reason) = check_runtime(crr, runtime) {
             let message = format!("failed to find runtime service: {reason}");
             self.ctx.complete(crr, Completion::Refused(message)).await?;
@@ -158,7 +159,7 @@ impl Daemon<'_> {
             .get(labels::POD_UID)
             .cloned()
             .unwrap_or_default();
-        let containers = self.ctx.pod_containers(&pod_uid, runtime).await?;
+        let containers = self.ctx.runtime.pod_containers(&pod_uid, runtime).await?;
         // With `pass begins` and `read the Pod`, splits a pass's time.
         debug!("read the runtime's containers");
         let sync = self.manager.container_statuses(crr);
@@ -223,7 +224,7 @@ impl Daemon<'_> {
         let pod_key = PodKey::of(crr);
         let crr_key = format!("{}/{}", crr.namespace().unwrap_or_default(), crr.name_any());
         let crr_uid = crr.uid();
-        let seen = ctx.first_seen(crr);
+        let seen = ctx.expectations.first_seen(crr);
         let crr = crr.clone();
         async move {
             let id = runtime_id
@@ -268,7 +269,8 @@ impl Daemon<'_> {
             // on the API server. Both are done before the kill's state is.
             let (outcome, ()) = tokio::join!(
                 ctx.killer.kill(&id, request),
-                ctx.event(&reference, EventType::Normal, "Killing", message)
+                ctx.events
+                    .record(&reference, EventType::Normal, "Killing", message)
             );
             let outcome = outcome.map_err(|error| {
                 NotKilled::Failed(KillFailure::Kill {
@@ -278,7 +280,8 @@ impl Daemon<'_> {
                 })
             })?;
             for told in kill_order::told_after(&outcome, &id, &name, rewrite) {
-                ctx.event(&reference, told.kind, told.reason, told.note)
+                ctx.events
+                    .record(&reference, told.kind, told.reason, told.note)
                     .await;
             }
             if let Some(hook) = &outcome.hook {

@@ -389,9 +389,9 @@ async fn accept(
     crr: &ContainerRecreateRequest,
     pod: &Pod,
 ) -> Result<(), AgentError> {
-    let runtime = ctx.runtime_name().await?;
+    let runtime = ctx.runtime.name().await?;
     let uid = pod.metadata.uid.clone().unwrap_or_default();
-    let containers = ctx.pod_containers(&uid, runtime).await?;
+    let containers = ctx.runtime.pod_containers(&uid, runtime).await?;
     match admission::admit(crr, pod, &containers) {
         Ok(accepted) => {
             let patch = json!({

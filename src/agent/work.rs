@@ -127,10 +127,10 @@ impl Wakes for Agent {
     }
 
     fn seen(&self, crr: &ContainerRecreateRequest) {
-        self.ctx.seen(crr);
+        self.ctx.expectations.seen(crr);
     }
 
     fn forget(&self, crr: &ContainerRecreateRequest) {
-        self.ctx.forget(crr);
+        self.ctx.expectations.forget(crr);
     }
 }
