@@ -385,11 +385,9 @@ impl State {
             return (self.closing.told() || stuck) && self.to_client.data().is_empty();
         }
         let settled = self.ends.upstream_eof
-            || (self.closing.is_final() && self.answers.streams.is_empty())
-            || (self.ends.client_eof
-                && self.to_upstream.is_empty()
-                && self.answers.streams.is_empty());
-        settled && self.to_client.is_empty() && !self.answers.streams.any_waiting()
+            || (self.closing.is_final() && self.answers.is_empty())
+            || (self.ends.client_eof && self.to_upstream.is_empty() && self.answers.is_empty());
+        settled && self.to_client.is_empty() && !self.answers.any_waiting()
     }
 
     /// Only what is queued for the client is left to do.
@@ -420,12 +418,7 @@ impl State {
         // nothing back, unless some of it has gone already.
         self.to_client.abandon_block();
         self.to_client.preface();
-        for id in self.answers.streams.ids() {
-            if self.answers.streams.get_mut(id).is_some_and(|s| !s.ended) {
-                // Its answer will never be complete.
-                self.answers.streams.remove(id);
-            }
-        }
+        self.answers.drop_unfinished();
         match self.closing.fail(error) {
             // What the client sent after the bad frame may be credit.
             true => self.credit_after_failure(),
@@ -435,7 +428,7 @@ impl State {
 
     /// After a failure, the GOAWAY goes once nothing is held any more.
     fn settle_failure(&mut self) {
-        let held = self.answers.streams.any_waiting();
+        let held = self.answers.any_waiting();
         self.closing.settle(&mut self.to_client, held);
     }
 

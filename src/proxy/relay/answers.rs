@@ -15,15 +15,17 @@
 
 use std::sync::Arc;
 
+use bytes::{Bytes, BytesMut};
+
 use super::flow::{ClientFlow, RuntimeCredit, Window};
 use super::outbound::Outbound;
 use super::streams::{Data, Edit, Piece, Stream, Streams};
-use crate::proxy::body::Call;
-use crate::proxy::frame::{self, Head};
+use crate::proxy::body::{Call, UNAVAILABLE, UNKNOWN};
+use crate::proxy::frame::{self, FrameError, HEAD_LEN, Head};
 use crate::reason::{Editor, Recreated};
 
 pub(super) struct Answers {
-    pub(super) streams: Streams,
+    streams: Streams,
     flow: ClientFlow,
     /// The largest frame the client accepts.
     client_max_frame: usize,
@@ -96,6 +98,132 @@ impl Answers {
     }
 
     // --- what the runtime sends ---
+
+    /// A DATA frame of the runtime's: on a stream the client reset (or
+    /// never opened) it is dropped, counted against the connection; else
+    /// it goes on as it came when it can, or held, or edited. It ends the
+    /// call when it ends the stream (a response without trailers is no
+    /// complete gRPC answer).
+    pub(super) fn data(
+        &mut self,
+        head: Head,
+        frame: &[u8],
+        to_client: &mut Outbound,
+        to_upstream: &mut Outbound,
+    ) -> Result<(), FrameError> {
+        let id = head.stream;
+        let end_stream = head.flags & frame::END_STREAM != 0;
+        let Some(stream) = self.streams.get_mut(id) else {
+            let passed = self.pass(head, frame, to_client);
+            if !passed && let Ok(len @ 1..) = u32::try_from(head.len) {
+                // No room: dropped here, and the runtime gets its credit.
+                to_upstream.own(|out| frame::window_update(0, len, out));
+            }
+            return Ok(());
+        };
+        let range = head.data(&frame[HEAD_LEN..])?;
+        match stream.edit.as_mut() {
+            None => {
+                // The common case: the frame goes on as it came.
+                let holds = stream.holds();
+                let passed = !holds && self.pass(head, frame, to_client);
+                if !passed {
+                    let data = Data {
+                        padding: head.len - range.len(),
+                        data: Bytes::copy_from_slice(&frame[HEAD_LEN..][range]),
+                        end_stream,
+                    };
+                    self.send(id, data, to_client, to_upstream);
+                }
+            }
+            Some(edit) => {
+                let data = Bytes::copy_from_slice(&frame[HEAD_LEN..][range]);
+                let mut out = edit
+                    .editor
+                    .push(data, edit.recreated.as_ref())
+                    .unwrap_or_default();
+                if end_stream && let Some(rest) = edit.editor.finish() {
+                    let mut joined = BytesMut::from(&out[..]);
+                    joined.extend_from_slice(&rest);
+                    out = joined.freeze();
+                }
+                let data = Data {
+                    data: out,
+                    end_stream,
+                    padding: 0,
+                };
+                self.send(id, data, to_client, to_upstream);
+                self.credit_edited(id, head.len, end_stream, to_upstream);
+            }
+        }
+        if end_stream {
+            self.end_call(id, UNKNOWN);
+        }
+        Ok(())
+    }
+
+    /// The runtime's trailers begin on stream `id`: what its editor still
+    /// holds goes before them.
+    pub(super) fn finish_edit(
+        &mut self,
+        id: u32,
+        to_client: &mut Outbound,
+        to_upstream: &mut Outbound,
+    ) {
+        let rest = self
+            .streams
+            .get_mut(id)
+            .and_then(|s| s.edit.as_mut())
+            .and_then(|e| e.editor.finish());
+        if let Some(data) = rest {
+            let data = Data {
+                data,
+                end_stream: false,
+                padding: 0,
+            };
+            self.send(id, data, to_client, to_upstream);
+        }
+    }
+
+    /// A header block of the runtime's begins on stream `id`: true when it
+    /// is to wait behind what the stream holds (re-encoded once complete).
+    pub(super) fn hold_block(&mut self, id: u32) -> bool {
+        let held = self.streams.get_mut(id).is_some_and(|s| s.holds());
+        if held {
+            self.streams.begin_block(id);
+        }
+        held
+    }
+
+    /// A header block of stream `id` is complete, re-encoded as `frames`
+    /// when the codec kept its fields: they take their place behind what
+    /// the stream holds, or go now. Either way the stream has its response
+    /// headers only now: a block cut short never reaches the client.
+    pub(super) fn block_ended(&mut self, id: u32, frames: Option<Bytes>, to_client: &mut Outbound) {
+        let stream = self.streams.get_mut(id);
+        if let Some(frames) = frames {
+            match stream {
+                Some(stream) if stream.collecting() => stream.end_block(frames),
+                _ => to_client.own(|out| out.extend_from_slice(&frames)),
+            }
+        }
+        if let Some(stream) = self.streams.get_mut(id) {
+            stream.responded = true;
+        }
+    }
+
+    /// The runtime's RST_STREAM for `id`: true when it waits behind a
+    /// complete answer the stream still holds (grpc-go's NO_ERROR after the
+    /// trailers must not overtake them); false when it goes now.
+    pub(super) fn hold_reset(&mut self, id: u32, frame: &[u8]) -> bool {
+        match self.streams.get_mut(id) {
+            Some(stream) if stream.ended && stream.holds() => {
+                self.streams.hold_frames(id, Bytes::copy_from_slice(frame));
+                true
+            }
+            _ => false,
+        }
+    }
 
     /// Passes a DATA frame on as it came when the client's connection
     /// window has room for it; false when it does not.
@@ -174,6 +302,62 @@ impl Answers {
             to_upstream.own(|out| frame::window_update(0, dropped, out));
         }
         self.release_credit(to_upstream);
+    }
+
+    // --- the connection's end ---
+
+    /// No stream is open or holds anything.
+    pub(super) fn is_empty(&self) -> bool {
+        self.streams.is_empty()
+    }
+
+    /// Some stream holds frames for the client.
+    pub(super) fn any_waiting(&self) -> bool {
+        self.streams.any_waiting()
+    }
+
+    /// The client failed: the answers that will never be complete are
+    /// dropped; complete ones still go, as its windows allow.
+    pub(super) fn drop_unfinished(&mut self) {
+        for id in self.streams.ids() {
+            if self.streams.get_mut(id).is_some_and(|s| !s.ended) {
+                self.streams.remove(id);
+            }
+        }
+    }
+
+    /// Everything is dropped: the client loses the connection.
+    pub(super) fn forget_all(&mut self) {
+        self.streams = Streams::default();
+    }
+
+    /// The runtime went away: each call it processed (up to `processed`)
+    /// and did not end is ended with `UNAVAILABLE` and `message`, after
+    /// what its stream holds; the others are forgotten, for the client may
+    /// retry them elsewhere.
+    pub(super) fn runtime_gone(&mut self, processed: u32, message: &str, to_client: &mut Outbound) {
+        for id in self.streams.ids() {
+            let Some(stream) = self.streams.get_mut(id) else {
+                continue;
+            };
+            if stream.ended {
+                continue;
+            }
+            if id > processed {
+                self.streams.remove(id);
+                continue;
+            }
+            let answer = frame::grpc_status_frame(id, stream.responded, UNAVAILABLE, message);
+            stream.call.finish(UNAVAILABLE);
+            stream.abandon_block();
+            if stream.holds() {
+                stream.ended = true;
+                self.streams.hold_frames(id, answer.freeze());
+            } else {
+                to_client.own(|out| out.extend_from_slice(&answer));
+                self.streams.remove(id);
+            }
+        }
     }
 
     // --- what the windows let go ---
