@@ -16,6 +16,7 @@
 //! re-encodes the client's header blocks for it).
 
 mod body;
+mod call;
 mod frame;
 pub(crate) mod hpack;
 mod listener;
@@ -40,12 +41,12 @@ use tracing::{debug, info, warn};
 
 use crate::cri::Method;
 use crate::metrics::Metrics;
-use crate::reason::{Editor, Recreated, StatusResponse};
+use crate::reason::Recreated;
 use crate::telemetry::Chain;
 
 pub use crate::cri::{Endpoint, EndpointError};
-use body::Call;
 pub use body::ProxyBody;
+use call::{Call, editor_for};
 pub use listener::{ListenError, Listener};
 use relay::Relay;
 use upstream::Upstream;
@@ -284,21 +285,4 @@ impl Connection {
             }
         })
     }
-}
-
-/// The editor for the answer to a call of `method`, with the record it
-/// reads. Only the three status answers pay for reading messages, and a
-/// unary one only once a container was recreated; the method is checked
-/// first, as it costs no lock. The event stream lives as long as kubelet,
-/// so it is read from its start: a container recreated later is in it.
-fn editor_for(
-    method: Option<Method<'_>>,
-    recreated: Option<&Arc<Recreated>>,
-) -> Option<(Editor, Arc<Recreated>)> {
-    let kind = StatusResponse::for_method(method?)?;
-    let recreated = recreated?;
-    if kind != StatusResponse::ContainerEvent && recreated.is_empty() {
-        return None;
-    }
-    Some((Editor::new(kind), Arc::clone(recreated)))
 }

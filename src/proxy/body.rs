@@ -5,15 +5,13 @@ use std::fmt::Display;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
 
 use bytes::Bytes;
 use http::{HeaderMap, Response};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 
 use super::Endpoint;
-use crate::cri::Method;
-use crate::metrics::Metrics;
+use super::call::{Call, UNKNOWN, unavailable_message};
 use crate::reason::{Editor, Recreated};
 
 /// The runtime's response body, frame by frame, or nothing (for answers the
@@ -30,47 +28,6 @@ pub struct ProxyBody {
     editor: Option<(Editor, Arc<Recreated>)>,
     /// A frame held back while the editor's leftover bytes go first.
     held: Option<Frame<Bytes>>,
-}
-
-/// gRPC status codes the proxy itself assigns to a call.
-const CANCELLED: u32 = 1;
-pub(super) const UNKNOWN: u32 = 2;
-pub(super) const UNAVAILABLE: u32 = 14;
-
-/// One call being counted: finished by its gRPC status, or as CANCELLED if
-/// the client goes away first.
-#[derive(Debug)]
-pub(super) struct Call {
-    metrics: Arc<Metrics>,
-    method: usize,
-    started: Instant,
-    finished: bool,
-}
-
-impl Call {
-    pub(super) fn start(metrics: &Arc<Metrics>, method: Option<Method<'_>>) -> Self {
-        metrics.call_started();
-        Self {
-            metrics: Arc::clone(metrics),
-            method: Metrics::method_index(method),
-            started: Instant::now(),
-            finished: false,
-        }
-    }
-
-    pub(super) fn finish(&mut self, code: u32) {
-        if !self.finished {
-            self.finished = true;
-            self.metrics
-                .call_finished(self.method, code, self.started.elapsed());
-        }
-    }
-}
-
-impl Drop for Call {
-    fn drop(&mut self) {
-        self.finish(CANCELLED);
-    }
 }
 
 /// The `grpc-status` in a header or trailer map.
@@ -144,10 +101,6 @@ impl ProxyBody {
             };
         }
     }
-}
-
-pub(super) fn unavailable_message(endpoint: &Endpoint, cause: &dyn Display) -> String {
-    format!("runtime endpoint {endpoint} is unavailable: {cause}")
 }
 
 impl Body for ProxyBody {

@@ -20,7 +20,7 @@ use bytes::{Bytes, BytesMut};
 use super::flow::{ClientFlow, RuntimeCredit, Window};
 use super::outbound::Outbound;
 use super::streams::{Data, Edit, Piece, Stream, Streams};
-use crate::proxy::body::{Call, UNAVAILABLE, UNKNOWN};
+use crate::proxy::call::{Call, UNAVAILABLE, UNKNOWN};
 use crate::proxy::frame::{self, FrameError, HEAD_LEN, Head};
 use crate::reason::{Editor, Recreated};
 

@@ -5,8 +5,7 @@ use super::codec::Block;
 use super::frames::{each_frame, take_preface};
 use super::{RelayError, State};
 use crate::cri::Method;
-use crate::proxy::body::Call;
-use crate::proxy::editor_for;
+use crate::proxy::call::{Call, editor_for};
 use crate::proxy::frame::{self, HEAD_LEN, Head};
 use crate::proxy::socket::Inbox;
 

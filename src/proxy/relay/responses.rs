@@ -3,7 +3,7 @@
 
 use super::frames::each_frame;
 use super::{MAX_HELD_BLOCK, RelayError, State};
-use crate::proxy::body::{UNKNOWN, unavailable_message};
+use crate::proxy::call::{UNKNOWN, unavailable_message};
 use crate::proxy::frame::{self, HEAD_LEN, Head};
 use crate::proxy::socket::Inbox;
 

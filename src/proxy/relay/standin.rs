@@ -27,7 +27,7 @@ use super::outbound::Outbound;
 use crate::cri::Method;
 use crate::metrics::Metrics;
 use crate::proxy::Endpoint;
-use crate::proxy::body::{Call, UNAVAILABLE, unavailable_message};
+use crate::proxy::call::{Call, UNAVAILABLE, unavailable_message};
 use crate::proxy::frame::{self, HEAD_LEN, Head};
 use crate::proxy::hpack;
 use crate::proxy::socket::{Inbox, Socket};

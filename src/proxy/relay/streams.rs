@@ -11,7 +11,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::flow::Window;
-use crate::proxy::body::Call;
+use crate::proxy::call::Call;
 use crate::reason::{Editor, Recreated};
 
 /// A stream the relay knows: one call.
