@@ -1,5 +1,6 @@
-//! The agent's API client follows its kubeconfig's credentials as they
-//! change on disk.
+//! The agent's API client: its configuration (the kubeconfig named, else
+//! the usual places, else the in-cluster account), and its credentials
+//! followed as they change on disk.
 //!
 //! kube reads a client certificate once, when a client is built. Under
 //! kubelet's identity the kubeconfig names `kubelet-client-current.pem`,
@@ -59,7 +60,7 @@ async fn inferred_config() -> Result<kube::Config, AgentError> {
 }
 
 /// The Kubernetes client configuration of the kubeconfig at `path`.
-async fn kube_config_at(path: &std::path::Path) -> Result<kube::Config, AgentError> {
+async fn kube_config_at(path: &Path) -> Result<kube::Config, AgentError> {
     let bad =
         |e: &dyn std::fmt::Display| AgentError::KubeConfig(format!("{}: {e}", path.display()));
     let kubeconfig = Kubeconfig::read_from(path).map_err(|e| bad(&e))?;
@@ -77,10 +78,10 @@ async fn kube_config_at(path: &std::path::Path) -> Result<kube::Config, AgentErr
 /// configuration. Until then each failure is logged, and tried again after
 /// 1 s, doubling up to a minute.
 pub(super) async fn client_when_configured(
-    kubeconfig: Option<&std::path::Path>,
+    kubeconfig: Option<&Path>,
     metrics: &Arc<Metrics>,
 ) -> kube::Client {
-    let mut delay = std::time::Duration::from_secs(1);
+    let mut delay = Duration::from_secs(1);
     loop {
         let client = match kubeconfig {
             Some(path) => following(path, Arc::clone(metrics)).await,
@@ -97,7 +98,7 @@ pub(super) async fn client_when_configured(
                     "the agent cannot build its Kubernetes client; the proxy serves without it meanwhile"
                 );
                 tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(std::time::Duration::from_secs(60));
+                delay = (delay * 2).min(Duration::from_secs(60));
             }
         }
     }

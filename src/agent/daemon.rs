@@ -279,11 +279,8 @@ impl Daemon<'_> {
                     error,
                 })
             })?;
-            for told in kill_order::told_after(&outcome, &id, &name, rewrite) {
-                ctx.events
-                    .record(&reference, told.kind, told.reason, told.note)
-                    .await;
-            }
+            // Counted before the Events after the kill are written: their
+            // writes are no part of the time to the stop.
             if let Some(hook) = &outcome.hook {
                 let failed = !matches!(hook.result, HookResult::Succeeded);
                 ctx.metrics.pre_stop_finished(hook.took, failed);
@@ -292,6 +289,11 @@ impl Daemon<'_> {
                 && let Some(seen) = seen
             {
                 ctx.metrics.container_stopped(seen.elapsed());
+            }
+            for told in kill_order::told_after(&outcome, &id, &name, rewrite) {
+                ctx.events
+                    .record(&reference, told.kind, told.reason, told.note)
+                    .await;
             }
             info!(container = %name, after = ?outcome.after, "container killed");
             Ok(())

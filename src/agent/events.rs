@@ -1,5 +1,5 @@
-//! The agent's Events, as kubelet's recorder writes them: beside the work,
-//! never holding it up, with a few tries again in the background.
+//! The agent's Events. A write the API server refuses is tried again a few
+//! times in the background, so the work waits on one try at most.
 
 use std::time::Duration;
 

@@ -65,7 +65,7 @@ pub(crate) trait Wakes: Send + Sync + 'static {
     fn wake(&self, key: PodKey);
     /// Queue the work of every Pod with an active CRR.
     fn wake_all(&self);
-    /// A CRR arrived (the expectations of the agent's writes).
+    /// A CRR arrived: its first sight starts its seen-to-stopped time.
     fn seen(&self, crr: &ContainerRecreateRequest);
     /// A CRR was deleted: drop what the agent remembers of it.
     fn forget(&self, crr: &ContainerRecreateRequest);

@@ -20,6 +20,7 @@ use crate::telemetry::Chain;
 
 /// kruise-daemon runs 32 workers.
 const WORKERS: usize = 32;
+
 /// The running agent: its context, the cache of this node's active CRRs,
 /// the per-Pod queue, and who does the manager's part.
 pub(super) struct Agent {
