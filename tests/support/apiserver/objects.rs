@@ -33,11 +33,7 @@ impl Target<'_> {
     ) -> Access<'q> {
         let verb = match (method, self.name) {
             (&Method::GET, Some(_)) => "get",
-            (&Method::GET, None)
-                if matches!(query.get("watch").map(String::as_str), Some("true" | "1")) =>
-            {
-                "watch"
-            }
+            (&Method::GET, None) if is_watch(query) => "watch",
             (&Method::GET, None) => "list",
             (&Method::POST, _) => "create",
             (&Method::PUT, _) => "update",
@@ -328,6 +324,16 @@ impl FakeApiServer {
             .and_then(|obj| target.ok(201, obj))
     }
 
+    /// A write a test set to race a CRR status write (`take_race`) lands
+    /// first, as another writer's would.
+    fn race_ahead(&self, target: &Target<'_>, name: &str, body: &Value) -> Result<(), ApiError> {
+        let raced = target.resource == Resource::Crr && target.status;
+        if let Some((other, on_status)) = raced.then(|| self.take_race(body)).flatten() {
+            self.patch(target.resource, &target.ns(), name, &other, on_status)?;
+        }
+        Ok(())
+    }
+
     pub(super) fn update_request(
         &self,
         target: &Target<'_>,
@@ -336,10 +342,7 @@ impl FakeApiServer {
     ) -> Result<Response<BoxBody<Bytes, Infallible>>, ApiError> {
         let ns = target.ns();
         let body = parse(body)?;
-        let raced = target.resource == Resource::Crr && target.status;
-        if let Some((other, on_status)) = raced.then(|| self.take_race(&body)).flatten() {
-            self.patch(target.resource, &ns, name, &other, on_status)?;
-        }
+        self.race_ahead(target, name, &body)?;
         self.update_as(
             target.through(),
             target.resource,
@@ -379,10 +382,7 @@ impl FakeApiServer {
             ));
         }
         let body = parse(body)?;
-        let raced = resource == Resource::Crr && status;
-        if let Some((other, on_status)) = raced.then(|| self.take_race(&body)).flatten() {
-            self.patch(resource, &ns, name, &other, on_status)?;
-        }
+        self.race_ahead(target, name, &body)?;
         let patch = if json_patch {
             Patch::Json(body)
         } else {
